@@ -1,0 +1,44 @@
+# trainstack developer workflow. Quick start: `make preview`, then `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STACK  ?= dev
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: setup preview test lint typecheck unit faults goldens bench-runtime clean
+
+# Reinstall only when the dependency declarations change.
+$(STAMP): pyproject.toml images/runtime/pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]' -e images/runtime
+	touch $@
+
+setup: $(STAMP)
+
+preview: setup
+	$(BIN)/trainstack preview $(STACK)
+
+test: setup lint typecheck unit
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/mypy
+
+unit: setup
+	$(BIN)/pytest -q
+
+faults: setup
+	$(BIN)/pytest -q -m faults
+
+goldens: setup
+	TRAINSTACK_UPDATE_GOLDENS=1 $(BIN)/pytest -q tests/test_goldens.py
+
+bench-runtime: setup
+	$(BIN)/python -m trainstack_runtime.bench
+
+clean:
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,25 @@
+"""Pulumi entry point for every trainstack stack: load config, pick platform or team, export."""
+
+import pulumi
+
+from components.platform import Platform
+from components.team import TeamStack
+from trainstack import outputs as out
+from trainstack.config import ConfigError, PlatformConfig
+from trainstack.program import load_pulumi_config
+
+try:
+    config = load_pulumi_config()
+except ConfigError as err:
+    # RunError: Pulumi prints the message alone, no traceback, and nothing is registered.
+    raise pulumi.RunError(str(err)) from None
+
+if isinstance(config, PlatformConfig):
+    platform = Platform(config.cluster_name, config)
+    for key, value in platform.outputs.exports().items():
+        pulumi.export(key, value)
+else:
+    team = TeamStack(f"team-{config.team}", config)
+    pulumi.export(out.TEAM, config.team)
+    pulumi.export(out.NAMESPACE, team.namespace)
+    pulumi.export(out.PLATFORM_STACK, config.platform_stack)

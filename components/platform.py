@@ -1,0 +1,129 @@
+"""The platform stack: network, cluster and shared services, composed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_aws as aws
+
+from components.eks import EksCluster, EksClusterArgs
+from components.existing import ExistingCluster
+from components.network import Network, NetworkArgs
+from components.services import PlatformServices, PlatformServicesArgs
+from trainstack import outputs as out
+from trainstack.builders import labels
+from trainstack.builders.platform import registry_document
+from trainstack.config.model import PlatformConfig
+
+
+@dataclass
+class PlatformOutputs:
+    """Values the platform stack exports; see trainstack.outputs for the contract."""
+
+    cluster_name: pulumi.Input[str]
+    kubernetes_version: str
+    cloud: str
+    environment: str
+    kubeconfig: pulumi.Input[str] | None
+    endpoint: pulumi.Input[str] | None = None
+    oidc_provider_arn: pulumi.Input[str] | None = None
+    oidc_issuer_url: pulumi.Input[str] | None = None
+    vpc_id: pulumi.Input[str] | None = None
+    private_subnet_ids: list[pulumi.Output[str]] = field(default_factory=list)
+    region: str | None = None
+    storage_classes: list[str] = field(default_factory=list)
+    team_namespaces: dict[str, str] = field(default_factory=dict)
+    registry: dict[str, object] = field(default_factory=dict)
+    kube_context: str | None = None
+
+    def exports(self) -> dict[str, object]:
+        """Stack exports by contract name; cloud-specific ones only where they exist."""
+        values: dict[str, object] = {
+            out.CLOUD: self.cloud,
+            out.ENVIRONMENT: self.environment,
+            out.CLUSTER_NAME: self.cluster_name,
+            out.KUBERNETES_VERSION: self.kubernetes_version,
+            out.STORAGE_CLASSES: self.storage_classes,
+            out.TEAM_NAMESPACES: self.team_namespaces,
+            out.REGISTRY: self.registry,
+        }
+        if self.cloud == "aws":
+            values |= {
+                out.KUBECONFIG: pulumi.Output.secret(self.kubeconfig),
+                out.ENDPOINT: self.endpoint,
+                out.OIDC_PROVIDER_ARN: self.oidc_provider_arn,
+                out.OIDC_ISSUER_URL: self.oidc_issuer_url,
+                out.REGION: self.region,
+                out.VPC_ID: self.vpc_id,
+                out.PRIVATE_SUBNET_IDS: self.private_subnet_ids,
+            }
+        else:
+            values[out.KUBE_CONTEXT] = self.kube_context
+        return values
+
+
+class Platform(pulumi.ComponentResource):
+    """Everything the infra team owns, for `cloud: aws` or `cloud: existing`."""
+
+    outputs: PlatformOutputs
+
+    def __init__(
+        self, name: str, args: PlatformConfig, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("trainstack:platform:Platform", name, None, opts)
+        cfg = args
+        if cfg.aws is not None:
+            provider = aws.Provider(
+                f"{name}-aws",
+                region=cfg.aws.region,
+                default_tags=aws.ProviderDefaultTagsArgs(tags=labels.aws_tags(cfg.stack, cfg.tags)),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            network = Network(
+                f"{name}-network",
+                NetworkArgs(cfg.cluster_name, cfg.aws.network, provider),
+                pulumi.ResourceOptions(parent=self),
+            )
+            cluster = EksCluster(
+                f"{name}-cluster",
+                EksClusterArgs(cfg, cfg.aws, network.private_subnet_ids, provider),
+                pulumi.ResourceOptions(parent=self),
+            )
+            k8s_provider = cluster.k8s_provider
+            self.outputs = PlatformOutputs(
+                cluster_name=cluster.cluster.name,
+                kubernetes_version=cfg.kubernetes_version,
+                cloud=cfg.cloud,
+                environment=cfg.environment,
+                kubeconfig=cluster.kubeconfig,
+                endpoint=cluster.cluster.endpoint,
+                oidc_provider_arn=cluster.oidc_provider.arn,
+                oidc_issuer_url=cluster.oidc_provider.url,
+                vpc_id=network.vpc_id,
+                private_subnet_ids=network.private_subnet_ids,
+                region=cfg.aws.region,
+            )
+        else:
+            assert cfg.existing is not None, "the loader guarantees existing for cloud: existing"
+            existing = ExistingCluster(
+                f"{name}-cluster", cfg.existing, pulumi.ResourceOptions(parent=self)
+            )
+            k8s_provider = existing.k8s_provider
+            self.outputs = PlatformOutputs(
+                cluster_name=cfg.cluster_name,
+                kubernetes_version=cfg.kubernetes_version,
+                cloud=cfg.cloud,
+                environment=cfg.environment,
+                kubeconfig=None,
+                kube_context=cfg.existing.context,
+            )
+        services = PlatformServices(
+            f"{name}-services",
+            PlatformServicesArgs(cfg, k8s_provider),
+            pulumi.ResourceOptions(parent=self),
+        )
+        self.outputs.storage_classes = services.storage_classes
+        self.outputs.team_namespaces = services.team_namespaces
+        self.outputs.registry = registry_document(cfg)
+        self.register_outputs({"clusterName": self.outputs.cluster_name})

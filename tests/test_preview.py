@@ -1,0 +1,159 @@
+"""`trainstack preview` and `validate`: the real program under mocks, end to end."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import shutil
+from pathlib import Path
+
+import pulumi
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from tests.conftest import EXAMPLE_STACKS, ROOT, STACKS
+from trainstack.cli import app
+from trainstack.preview.mocks import RecordingMocks
+from trainstack.preview.plan import Plan
+from trainstack.preview.synth import synth
+
+FIVE_MISTAKES = ROOT / "tests" / "config" / "fixtures" / "invalid" / "five-mistakes.yaml"
+runner = CliRunner()
+
+
+def make_project(tmp_path: Path, stacks: dict[str, str | Path]) -> Path:
+    """A project folder with the real program and the given stack files."""
+    shutil.copy(ROOT / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
+    shutil.copy(ROOT / "__main__.py", tmp_path / "__main__.py")
+    (tmp_path / "stacks").mkdir()
+    for name, source in stacks.items():
+        text = source.read_text() if isinstance(source, Path) else source
+        (tmp_path / "stacks" / f"Pulumi.{name}.yaml").write_text(text)
+    return tmp_path
+
+
+def tree(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def test_examples_exist() -> None:
+    assert {"dev", "prod", "vision", "onprem"} <= set(EXAMPLE_STACKS)
+
+
+def test_preview_writes_the_whole_plan(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["preview", "dev", "--out", str(tmp_path), "--project-dir", str(ROOT)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "resources by component and type" in result.output
+    out = tmp_path / "dev"
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["stack"] == "dev"
+    assert plan["kind"] == "platform"
+    kube = [r for r in plan["resources"] if r["type"].startswith("kubernetes:") and r["custom"]]
+    aws = [r for r in plan["resources"] if r["type"].startswith("aws:")]
+    files = tree(out)
+    assert len([f for f in files if f.startswith("kubernetes/")]) == len(kube)
+    assert len([f for f in files if f.startswith("aws/")]) == len(aws)
+    namespace = yaml.safe_load((out / "kubernetes/_cluster/namespace-vision.yaml").read_text())
+    assert list(namespace)[:3] == ["apiVersion", "kind", "metadata"]
+    cluster = json.loads((out / "aws/eks.Cluster/trainstack-dev-cluster-eks.json").read_text())
+    assert cluster["version"] == "1.33"
+    assert plan["outputs"]["kubeconfig"] == "[secret]"
+    assert "get-token" not in (out / "plan.json").read_text(), "secret leaked into the plan"
+
+
+def test_preview_is_byte_identical_across_runs(tmp_path: Path) -> None:
+    stacks = ["prod", "vision", "onprem"]
+    for run in ("a", "b"):
+        result = runner.invoke(
+            app, ["preview", *stacks, "--out", str(tmp_path / run), "--project-dir", str(ROOT)]
+        )
+        assert result.exit_code == 0, result.output
+    compare = filecmp.dircmp(tmp_path / "a", tmp_path / "b")
+    assert tree(tmp_path / "a") == tree(tmp_path / "b")
+    for folder in tree(tmp_path / "a"):
+        assert (tmp_path / "a" / folder).read_bytes() == (tmp_path / "b" / folder).read_bytes()
+    assert not compare.diff_files
+
+
+def test_five_mistakes_reported_at_once_and_nothing_registered(tmp_path: Path) -> None:
+    project = make_project(tmp_path, {"bad": FIVE_MISTAKES})
+    result = runner.invoke(
+        app, ["preview", "bad", "--project-dir", str(project), "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output
+    assert "5 config errors" in result.output
+    for path in (
+        "trainstack:platform.clusterNmae",
+        "trainstack:platform.kubernetesVersion",
+        "trainstack:platform.environment",
+        "trainstack:platform.registry.teams[0].quota.gpus",
+        "trainstack:platform.registry.teams[0].group",
+    ):
+        assert path in result.output, path
+    assert not (tmp_path / "o").exists()
+
+
+def test_program_itself_refuses_bad_config_before_registering(tmp_path: Path) -> None:
+    """The CLI checks first, but `pulumi up` runs the program directly: it must refuse too."""
+    config = yaml.safe_load(FIVE_MISTAKES.read_text())["config"]
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError, match="5 config errors") as caught:
+        synth(ROOT, "bad", config, mocks=mocks)
+    assert "clusterNmae" in str(caught.value)
+    assert mocks.records == []
+
+
+def test_team_stack_with_unknown_team_fails_cleanly(tmp_path: Path) -> None:
+    team = "config:\n  trainstack:team:\n    team: visoin\n    platformStack: o/trainstack/dev\n"
+    project = make_project(tmp_path, {"dev": STACKS / "Pulumi.dev.yaml", "t": team})
+    result = runner.invoke(
+        app, ["preview", "t", "--project-dir", str(project), "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 1
+    assert "team 'visoin' is not in the registry of platform stack 'dev'" in result.output
+    assert "did you mean 'vision'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_unknown_stack_lists_the_known_ones() -> None:
+    result = runner.invoke(app, ["preview", "staging", "--project-dir", str(ROOT)])
+    assert result.exit_code == 1
+    assert "no stack file for 'staging'" in result.output
+    assert "dev" in result.output
+    assert "prod" in result.output
+
+
+def test_team_plan_feeds_platform_outputs(example_plans: dict[str, Plan]) -> None:
+    team = example_plans["vision"]
+    assert team.kind == "team"
+    assert team.outputs == {
+        "namespace": "vision",
+        "platformStack": "organization/trainstack/prod",
+        "team": "vision",
+    }
+    provider = next(r for r in team.resources if r.type == "pulumi:providers:kubernetes")
+    assert provider.inputs["kubeconfig"] == "[secret]"
+    assert provider.inputs["namespace"] == "vision"
+
+
+def test_validate_command() -> None:
+    good = [str(STACKS / f"Pulumi.{s}.yaml") for s in EXAMPLE_STACKS]
+    result = runner.invoke(app, ["validate", *good])
+    assert result.exit_code == 0, result.output
+    assert result.output.count(": ok (") == len(good)
+    bad = runner.invoke(app, ["validate", str(FIVE_MISTAKES)])
+    assert bad.exit_code == 1
+    assert "5 config errors" in bad.output
+
+
+def test_example_stack_files_carry_the_schema_hint() -> None:
+    for stack in EXAMPLE_STACKS:
+        first = (STACKS / f"Pulumi.{stack}.yaml").read_text().splitlines()[0]
+        assert (
+            first == "# yaml-language-server: $schema=../trainstack/schemas/stack-file.schema.json"
+        )
+    assert (ROOT / "trainstack" / "schemas" / "stack-file.schema.json").is_file()

@@ -1,0 +1,30 @@
+"""Label and annotation keys: one prefix, one place. A documented contract."""
+
+from __future__ import annotations
+
+PREFIX = "trainstack.io"
+
+TEAM = f"{PREFIX}/team"
+GROUP = f"{PREFIX}/group"
+STACK = f"{PREFIX}/stack"
+POOL = f"{PREFIX}/pool"
+JOB = f"{PREFIX}/job"
+FABRIC = f"{PREFIX}/fabric"
+ROLE = f"{PREFIX}/role"
+OWNERS = f"{PREFIX}/owners"  # annotation: comma-separated owner emails
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+PART_OF = "app.kubernetes.io/part-of"
+MANAGER = "trainstack"
+
+
+def base_labels(stack: str) -> dict[str, str]:
+    """Labels on every Kubernetes object trainstack creates."""
+    return {MANAGED_BY: MANAGER, PART_OF: "trainstack", STACK: stack}
+
+
+def aws_tags(stack: str, extra: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """Tags on every AWS resource (through the provider's default tags)."""
+    tags = {"trainstack:stack": stack, "trainstack:managed-by": MANAGER}
+    tags.update(dict(extra))
+    return tags

@@ -1,0 +1,41 @@
+"""VPC layout arithmetic: subnet CIDRs per availability zone, and their EKS tags."""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from dataclasses import dataclass
+
+# Private subnets hold every pod IP (VPC CNI), so they get almost all of the space.
+MAX_VPC_PREFIX = 20
+
+
+@dataclass(frozen=True)
+class SubnetPlan:
+    availability_zone: str
+    private_cidr: str
+    public_cidr: str
+
+
+def plan_subnets(vpc_cidr: str, zones: tuple[str, ...]) -> tuple[SubnetPlan, ...]:
+    """Split the VPC into one large private and one small public subnet per zone.
+
+    The VPC is cut into 2^k equal blocks (k = bits for zones + 1 spare block); zone i
+    gets private block i, and the spare last block is cut into the public subnets.
+    """
+    network = ipaddress.IPv4Network(vpc_cidr, strict=True)
+    if network.prefixlen > MAX_VPC_PREFIX:
+        raise ValueError(f"VPC {vpc_cidr} is too small; use a /16 to /{MAX_VPC_PREFIX}")
+    bits = math.ceil(math.log2(len(zones) + 1))
+    blocks = list(network.subnets(prefixlen_diff=bits))
+    # At least 4 public subnets in the spare block: they only hold NAT gateways and
+    # load balancers, so a quarter of a private subnet is plenty.
+    public_bits = max(math.ceil(math.log2(len(zones))), 2)
+    publics = list(blocks[-1].subnets(prefixlen_diff=public_bits))
+    return tuple(SubnetPlan(zone, str(blocks[i]), str(publics[i])) for i, zone in enumerate(zones))
+
+
+def subnet_tags(cluster_name: str, *, public: bool) -> dict[str, str]:
+    """Tags the AWS load balancer controller and EKS use to discover subnets."""
+    role = "kubernetes.io/role/elb" if public else "kubernetes.io/role/internal-elb"
+    return {role: "1", f"kubernetes.io/cluster/{cluster_name}": "shared"}

@@ -1,0 +1,101 @@
+"""Kubernetes manifests every platform stack installs, whatever the cloud."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from trainstack.builders import labels
+from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig, Team
+
+PLATFORM_CONFIGMAP = "trainstack-platform"
+GP3_STORAGE_CLASS = "gp3-encrypted"
+
+
+def namespace(
+    name: str, extra_labels: dict[str, str], annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "labels": extra_labels}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
+
+
+def system_namespace(cfg: PlatformConfig) -> dict[str, Any]:
+    return namespace(
+        SYSTEM_NAMESPACE,
+        {
+            **labels.base_labels(cfg.stack),
+            labels.ROLE: "system",
+            # Platform controllers run privileged DaemonSets (device plugins) here.
+            "pod-security.kubernetes.io/enforce": "privileged",
+        },
+    )
+
+
+def team_namespace(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
+    team_labels = {
+        **labels.base_labels(cfg.stack),
+        labels.ROLE: "team",
+        labels.TEAM: team.name,
+        "pod-security.kubernetes.io/enforce": "baseline",
+        "pod-security.kubernetes.io/warn": "restricted",
+    }
+    if team.group:
+        team_labels[labels.GROUP] = team.group
+    return namespace(team.namespace, team_labels, {labels.OWNERS: ",".join(team.owners)})
+
+
+def registry_document(cfg: PlatformConfig) -> dict[str, Any]:
+    """The team registry as published to the cluster and to stack outputs."""
+    return {
+        "groups": [{"name": g.name, "owners": list(g.owners)} for g in cfg.registry.groups],
+        "teams": [
+            {
+                "name": t.name,
+                "group": t.group,
+                "namespace": t.namespace,
+                "owners": list(t.owners),
+                "quota": {"gpus": t.quota.gpus},
+            }
+            for t in cfg.registry.teams
+        ],
+    }
+
+
+def platform_configmap(cfg: PlatformConfig) -> dict[str, Any]:
+    """In-cluster discovery: tools and admission policies read the registry from here."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": PLATFORM_CONFIGMAP,
+            "namespace": SYSTEM_NAMESPACE,
+            "labels": labels.base_labels(cfg.stack),
+        },
+        "data": {
+            "cloud": cfg.cloud,
+            "environment": cfg.environment,
+            "clusterName": cfg.cluster_name,
+            "kubernetesVersion": cfg.kubernetes_version,
+            "registry.json": json.dumps(registry_document(cfg), sort_keys=True, indent=2),
+        },
+    }
+
+
+def gp3_storage_class(cfg: PlatformConfig) -> dict[str, Any]:
+    """Encrypted gp3 as the default class: EKS's built-in gp2 class is unencrypted."""
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {
+            "name": GP3_STORAGE_CLASS,
+            "labels": labels.base_labels(cfg.stack),
+            "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+        },
+        "provisioner": "ebs.csi.aws.com",
+        "parameters": {"type": "gp3", "encrypted": "true", "fsType": "ext4"},
+        "reclaimPolicy": "Delete" if cfg.environment == "development" else "Retain",
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "allowVolumeExpansion": True,
+    }

@@ -1,0 +1,90 @@
+"""The `trainstack` command line.
+
+Exit codes (a contract for CI): 0 success, 1 a user error in config (one clean message,
+no traceback), 2 bad command-line usage.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import pulumi
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from trainstack.config import ConfigError, load_stack_file
+from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.plan import Plan, write_plan
+
+EXIT_OK = 0
+EXIT_USER_ERROR = 1
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+console = Console(highlight=False)
+errors = Console(stderr=True, highlight=False)
+
+
+def _fail(message: str) -> typer.Exit:
+    errors.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    return typer.Exit(EXIT_USER_ERROR)
+
+
+def print_summary(plan: Plan, out_dir: Path, seconds: float) -> None:
+    table = Table(title=f"{plan.kind} stack {plan.stack!r}: resources by component and type")
+    table.add_column("component", overflow="fold")
+    table.add_column("type", overflow="fold")
+    table.add_column("count", justify="right")
+    total = 0
+    for component, counts in plan.counts_by_component().items():
+        for index, (rtype, count) in enumerate(sorted(counts.items())):
+            table.add_row(component if index == 0 else "", rtype, str(count))
+            total += count
+    console.print(table)
+    console.print(
+        f"{total} resources, {len(plan.kubernetes_objects())} Kubernetes objects, "
+        f"{len(plan.outputs)} outputs -> {out_dir} ({seconds:.1f}s)"
+    )
+
+
+@app.command()
+def preview(
+    stacks: Annotated[list[str], typer.Argument(help="Stack names (stacks/Pulumi.<stack>.yaml).")],
+    out: Annotated[Path, typer.Option(help="Plans go to OUT/<stack>/.")] = Path("build"),
+    project_dir: Annotated[Path, typer.Option(help="Folder with Pulumi.yaml.")] = Path("."),
+) -> None:
+    """Offline, credential-free plan of STACKS: the real program under Pulumi's mock engine."""
+    try:
+        previewer = Previewer(Project.find(project_dir.resolve()))
+        for stack in stacks:
+            started = time.perf_counter()
+            plan = previewer.preview(stack)
+            write_plan(plan, out / stack)
+            print_summary(plan, out / stack, time.perf_counter() - started)
+    except (ConfigError, pulumi.RunError) as err:
+        raise _fail(str(err)) from None
+
+
+@app.command()
+def validate(
+    files: Annotated[list[Path], typer.Argument(help="Stack files to check.", exists=False)],
+) -> None:
+    """Check stack files against the schemas and cross-field rules; report every error."""
+    failed = False
+    for path in files:
+        try:
+            config = load_stack_file(path)
+        except ConfigError as err:
+            errors.print(str(err), soft_wrap=True)
+            failed = True
+            continue
+        kind = "team" if hasattr(config, "team") else "platform"
+        console.print(f"{path}: ok ({kind} stack)")
+    if failed:
+        raise typer.Exit(EXIT_USER_ERROR)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,392 @@
+"""The one config loader: schema + cross-field checks in one pass, then typed dataclasses.
+
+Input is a stack's config as a mapping of namespaced keys (``trainstack:platform``)
+to decoded values, exactly what Pulumi hands a program. Stack files, the CLI and the
+Pulumi program all come through here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+
+from trainstack.builders.network import MAX_VPC_PREFIX
+from trainstack.config import model as m
+from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean, join_path
+from trainstack.config.schema import apply_defaults, schema_issues
+
+PLATFORM_KEY = "trainstack:platform"
+TEAM_KEY = "trainstack:team"
+STACK_KINDS = {PLATFORM_KEY: "platform.schema.json", TEAM_KEY: "team.schema.json"}
+
+
+def parse_stack_config(values: Mapping[str, Any], *, stack: str, source: str) -> m.StackConfig:
+    """Validate one stack's config and build its typed model, or raise ConfigError."""
+    present = [key for key in STACK_KINDS if key in values]
+    if len(present) != 1:
+        unknown = [k for k in values if k.startswith("trainstack:") and k not in STACK_KINDS]
+        issues = [
+            ConfigIssue(key, f"unknown config key{did_you_mean(key, STACK_KINDS)}")
+            for key in unknown
+        ]
+        found = " and ".join(present) if present else "neither"
+        issues.append(
+            ConfigIssue(
+                "config",
+                f"a stack needs exactly one of {PLATFORM_KEY} or {TEAM_KEY}; found {found}",
+            )
+        )
+        raise ConfigError(source, issues)
+    key = present[0]
+    document = values[key]
+    issues = schema_issues(STACK_KINDS[key], document, key)
+    if isinstance(document, Mapping):
+        checks = _platform_checks if key == PLATFORM_KEY else _team_checks
+        issues.extend(checks(document, key))
+    if issues:
+        raise ConfigError(source, issues)
+    filled = apply_defaults(STACK_KINDS[key], document)
+    if key == PLATFORM_KEY:
+        return _build_platform(filled, stack)
+    return m.TeamStackConfig(
+        stack=stack, team=filled["team"], platform_stack=filled["platformStack"]
+    )
+
+
+def read_stack_file(path: Path) -> dict[str, Any]:
+    """The `config:` block of a Pulumi stack file, or ConfigError if it is not YAML."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ConfigError(
+            str(path), [ConfigIssue("file", f"cannot read: {err.strerror}")]
+        ) from None
+    except yaml.YAMLError as err:
+        raise ConfigError(str(path), [ConfigIssue("file", f"not valid YAML: {err}")]) from None
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        raise ConfigError(str(path), [ConfigIssue("config", "the stack file has no config: map")])
+    return cast(dict[str, Any], data["config"])
+
+
+def stack_name_from_path(path: Path) -> str:
+    name = path.name
+    for prefix, suffix in (("Pulumi.", ".yaml"), ("Pulumi.", ".yml")):
+        if name.startswith(prefix) and name.endswith(suffix):
+            return name[len(prefix) : -len(suffix)]
+    return path.stem
+
+
+def load_stack_file(path: Path) -> m.StackConfig:
+    return parse_stack_config(
+        read_stack_file(path), stack=stack_name_from_path(path), source=str(path)
+    )
+
+
+# -- cross-field checks ------------------------------------------------------------------
+# They run on the raw document in the same pass as the schema, so they must tolerate
+# values of the wrong shape (the schema reports those).
+
+
+def _dicts(value: object) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            if isinstance(item, Mapping):
+                yield index, item
+
+
+def _platform_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    cloud = doc.get("cloud")
+    for other in ("aws", "existing"):
+        if cloud in ("aws", "existing") and other != cloud and other in doc:
+            issues.append(
+                ConfigIssue(
+                    join_path(root, other),
+                    f"only used with cloud: {other}, but cloud is {cloud}; remove it",
+                )
+            )
+    aws = doc.get("aws")
+    if isinstance(aws, Mapping):
+        issues.extend(_aws_checks(aws, join_path(root, "aws")))
+    registry = doc.get("registry")
+    if isinstance(registry, Mapping):
+        issues.extend(_registry_checks(registry, join_path(root, "registry")))
+    return issues
+
+
+def _aws_checks(aws: Mapping[str, Any], root: str) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    network = aws.get("network")
+    if isinstance(network, Mapping):
+        issues.extend(_network_checks(network, aws.get("region"), join_path(root, "network")))
+    cluster = aws.get("cluster")
+    if isinstance(cluster, Mapping):
+        issues.extend(_cluster_checks(cluster, join_path(root, "cluster")))
+    return issues
+
+
+def _network_checks(network: Mapping[str, Any], region: object, net_path: str) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    creates = "vpcCidr" in network or "availabilityZones" in network
+    existing = "existingVpc" in network
+    if creates and existing:
+        issues.append(
+            ConfigIssue(
+                net_path,
+                "give either vpcCidr + availabilityZones (create a VPC) or existingVpc, not both",
+            )
+        )
+    elif not creates and not existing:
+        issues.append(ConfigIssue(net_path, "give vpcCidr + availabilityZones, or existingVpc"))
+    elif creates:
+        issues += [
+            ConfigIssue(join_path(net_path, field), "required to create a VPC")
+            for field in ("vpcCidr", "availabilityZones")
+            if field not in network
+        ]
+    cidr = network.get("vpcCidr")
+    if isinstance(cidr, str):
+        issues += _cidr_checks(cidr, join_path(net_path, "vpcCidr"))
+    zones: list[tuple[str, str]] = []
+    if isinstance(network.get("availabilityZones"), list):
+        zones = [
+            (join_path(net_path, "availabilityZones", i), z)
+            for i, z in enumerate(network["availabilityZones"])
+            if isinstance(z, str)
+        ]
+    vpc = network.get("existingVpc")
+    if isinstance(vpc, Mapping):
+        subnets = list(_dicts(vpc.get("privateSubnets")))
+        sub_path = join_path(net_path, "existingVpc", "privateSubnets")
+        zones += [
+            (join_path(sub_path, i, "availabilityZone"), s["availabilityZone"])
+            for i, s in subnets
+            if isinstance(s.get("availabilityZone"), str)
+        ]
+        distinct = {s.get("availabilityZone") for _, s in subnets}
+        if len(subnets) >= 2 and len(distinct) < 2:
+            issues.append(
+                ConfigIssue(
+                    sub_path,
+                    "EKS needs subnets in at least two availability zones; "
+                    f"all are in {distinct.pop()}",
+                )
+            )
+    if isinstance(region, str):
+        issues += [
+            ConfigIssue(path, f"zone {zone!r} is not in region {region!r}")
+            for path, zone in zones
+            if not zone.startswith(region) or len(zone) != len(region) + 1
+        ]
+    return issues
+
+
+def _cidr_checks(cidr: str, path: str) -> list[ConfigIssue]:
+    try:
+        network = ipaddress.ip_network(cidr, strict=True)
+    except ValueError as err:
+        return [ConfigIssue(path, f"{cidr!r} is not a network address ({err})")]
+    if network.prefixlen > MAX_VPC_PREFIX or network.prefixlen < 16:
+        return [
+            ConfigIssue(
+                path,
+                f"{cidr!r} has prefix /{network.prefixlen}; use /16 to /{MAX_VPC_PREFIX} "
+                "(pods take VPC addresses, so GPU clusters need room)",
+            )
+        ]
+    return []
+
+
+def _cluster_checks(cluster: Mapping[str, Any], root: str) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    endpoint = cluster.get("endpoint")
+    if (
+        isinstance(endpoint, Mapping)
+        and endpoint.get("publicAccess") is False
+        and endpoint.get("privateAccess") is False
+    ):
+        issues.append(
+            ConfigIssue(
+                join_path(root, "endpoint"),
+                "publicAccess and privateAccess are both false: nothing could reach the API "
+                "server; enable at least one",
+            )
+        )
+    if (
+        isinstance(endpoint, Mapping)
+        and endpoint.get("publicAccess") is False
+        and "publicAccessCidrs" in endpoint
+    ):
+        issues.append(
+            ConfigIssue(
+                join_path(root, "endpoint", "publicAccessCidrs"),
+                "has no effect with publicAccess: false; remove it",
+            )
+        )
+    system = cluster.get("systemNodeGroup")
+    if isinstance(system, Mapping):
+        sizes = {k: system.get(k) for k in ("minSize", "desiredSize", "maxSize")}
+        lo, want, hi = (sizes[k] for k in ("minSize", "desiredSize", "maxSize"))
+        path = join_path(root, "systemNodeGroup")
+        if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
+            issues.append(ConfigIssue(path, f"minSize {lo} is greater than maxSize {hi}"))
+        if isinstance(want, int) and isinstance(lo, int) and want < lo:
+            issues.append(ConfigIssue(path, f"desiredSize {want} is below minSize {lo}"))
+        if isinstance(want, int) and isinstance(hi, int) and want > hi:
+            issues.append(ConfigIssue(path, f"desiredSize {want} is above maxSize {hi}"))
+    return issues
+
+
+def _duplicates(
+    items: list[tuple[int, Mapping[str, Any]]], path: str, what: str
+) -> list[ConfigIssue]:
+    seen: dict[str, int] = {}
+    issues = []
+    for index, item in items:
+        name = item.get("name")
+        if not isinstance(name, str):
+            continue
+        if name in seen:
+            issues.append(
+                ConfigIssue(
+                    join_path(path, index, "name"),
+                    f"{what} {name!r} is already defined at {join_path(path, seen[name])}; "
+                    "names must be unique",
+                )
+            )
+        else:
+            seen[name] = index
+    return issues
+
+
+def _registry_checks(registry: Mapping[str, Any], root: str) -> list[ConfigIssue]:
+    groups = list(_dicts(registry.get("groups")))
+    teams = list(_dicts(registry.get("teams")))
+    groups_path, teams_path = join_path(root, "groups"), join_path(root, "teams")
+    issues = _duplicates(groups, groups_path, "group") + _duplicates(teams, teams_path, "team")
+    group_names = {g["name"] for _, g in groups if isinstance(g.get("name"), str)}
+    for index, team in teams:
+        name, group = team.get("name"), team.get("group")
+        if isinstance(name, str) and name in m.RESERVED_NAMESPACES:
+            issues.append(
+                ConfigIssue(
+                    join_path(teams_path, index, "name"),
+                    f"{name!r} is a reserved namespace; choose another team name",
+                )
+            )
+        if isinstance(group, str) and group not in group_names:
+            known = ", ".join(sorted(group_names)) or "none defined"
+            issues.append(
+                ConfigIssue(
+                    join_path(teams_path, index, "group"),
+                    f"unknown group {group!r}{did_you_mean(group, group_names)}; "
+                    f"registry.groups has: {known}",
+                )
+            )
+    return issues
+
+
+def _team_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
+    del doc, root  # the team document has no cross-field rules of its own yet
+    return []
+
+
+# -- building the typed model -------------------------------------------------------------
+
+
+def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
+    aws = doc.get("aws")
+    existing = doc.get("existing")
+    return m.PlatformConfig(
+        stack=stack,
+        cloud=doc["cloud"],
+        environment=doc["environment"],
+        cluster_name=doc.get("clusterName", f"trainstack-{stack}"),
+        kubernetes_version=doc["kubernetesVersion"],
+        tags=tuple(sorted(doc.get("tags", {}).items())),
+        aws=_build_aws(aws) if aws is not None else None,
+        existing=(
+            m.ExistingCluster(kubeconfig=existing.get("kubeconfig"), context=existing["context"])
+            if existing is not None
+            else None
+        ),
+        registry=_build_registry(doc["registry"]),
+    )
+
+
+def _build_aws(aws: dict[str, Any]) -> m.AwsSettings:
+    network = aws["network"]
+    net: m.NewVpc | m.ExistingVpc
+    if "existingVpc" in network:
+        vpc = network["existingVpc"]
+        net = m.ExistingVpc(
+            vpc_id=vpc["vpcId"],
+            private_subnets=tuple(
+                m.Subnet(id=s["id"], availability_zone=s["availabilityZone"])
+                for s in vpc["privateSubnets"]
+            ),
+        )
+    else:
+        net = m.NewVpc(
+            cidr=network["vpcCidr"],
+            availability_zones=tuple(network["availabilityZones"]),
+            nat_gateways=network["natGateways"],
+        )
+    cluster = aws["cluster"]
+    endpoint = cluster["endpoint"]
+    system = cluster["systemNodeGroup"]
+    return m.AwsSettings(
+        region=aws["region"],
+        network=net,
+        cluster=m.EksSettings(
+            endpoint=m.EndpointAccess(
+                public=endpoint["publicAccess"],
+                private=endpoint["privateAccess"],
+                public_cidrs=tuple(endpoint["publicAccessCidrs"])
+                if endpoint["publicAccess"]
+                else (),
+            ),
+            logging=tuple(cluster["logging"]),
+            log_retention_days=cluster["logRetentionDays"],
+            secrets_kms_key_arn=cluster.get("secretsKmsKeyArn"),
+            admin_principal_arns=tuple(cluster["adminPrincipalArns"]),
+            system_node_group=m.SystemNodeGroup(
+                instance_type=system["instanceType"],
+                size=m.NodeGroupSize(
+                    min=system["minSize"], desired=system["desiredSize"], max=system["maxSize"]
+                ),
+                disk_size_gib=system["diskSizeGiB"],
+            ),
+            addons=_addons(cluster["addons"]),
+        ),
+    )
+
+
+# Installed on every EKS cluster; versions may be pinned in config.
+CORE_ADDONS = ("vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent", "aws-ebs-csi-driver")
+
+
+def _addons(pins: Mapping[str, str]) -> tuple[m.AddonPin, ...]:
+    names = list(CORE_ADDONS) + sorted(set(pins) - set(CORE_ADDONS))
+    return tuple(m.AddonPin(name=n, version=pins.get(n)) for n in names)
+
+
+def _build_registry(doc: dict[str, Any]) -> m.Registry:
+    return m.Registry(
+        groups=tuple(
+            m.Group(name=g["name"], owners=tuple(g.get("owners", ()))) for g in doc["groups"]
+        ),
+        teams=tuple(
+            m.Team(
+                name=t["name"],
+                group=t.get("group"),
+                owners=tuple(t["owners"]),
+                quota=m.TeamQuota(gpus=t["quota"]["gpus"]),
+            )
+            for t in doc["teams"]
+        ),
+    )

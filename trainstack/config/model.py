@@ -1,0 +1,154 @@
+"""The typed config model: frozen dataclasses that components receive.
+
+Built only by the loader, from documents that already passed the schema and the
+cross-field checks, with schema defaults filled in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Cloud = Literal["aws", "existing"]
+Environment = Literal["development", "production"]
+NatGateways = Literal["single", "perAz"]
+
+# Namespaces the platform owns; a team may not be named like them.
+SYSTEM_NAMESPACE = "trainstack-system"
+RESERVED_NAMESPACES = frozenset(
+    {"default", "kube-system", "kube-public", "kube-node-lease", SYSTEM_NAMESPACE}
+)
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    owners: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TeamQuota:
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Team:
+    name: str
+    group: str | None
+    owners: tuple[str, ...]
+    quota: TeamQuota
+
+    @property
+    def namespace(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Registry:
+    groups: tuple[Group, ...]
+    teams: tuple[Team, ...]
+
+    def team(self, name: str) -> Team | None:
+        return next((t for t in self.teams if t.name == name), None)
+
+
+@dataclass(frozen=True)
+class Subnet:
+    id: str
+    availability_zone: str
+
+
+@dataclass(frozen=True)
+class NewVpc:
+    cidr: str
+    availability_zones: tuple[str, ...]
+    nat_gateways: NatGateways
+
+
+@dataclass(frozen=True)
+class ExistingVpc:
+    vpc_id: str
+    private_subnets: tuple[Subnet, ...]
+
+
+@dataclass(frozen=True)
+class EndpointAccess:
+    public: bool
+    private: bool
+    public_cidrs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NodeGroupSize:
+    min: int
+    desired: int
+    max: int
+
+
+@dataclass(frozen=True)
+class SystemNodeGroup:
+    instance_type: str
+    size: NodeGroupSize
+    disk_size_gib: int
+
+
+@dataclass(frozen=True)
+class AddonPin:
+    name: str
+    version: str | None
+
+
+@dataclass(frozen=True)
+class EksSettings:
+    endpoint: EndpointAccess
+    logging: tuple[str, ...]
+    log_retention_days: int
+    secrets_kms_key_arn: str | None
+    admin_principal_arns: tuple[str, ...]
+    system_node_group: SystemNodeGroup
+    addons: tuple[AddonPin, ...]
+
+
+@dataclass(frozen=True)
+class AwsSettings:
+    region: str
+    network: NewVpc | ExistingVpc
+    cluster: EksSettings
+
+
+@dataclass(frozen=True)
+class ExistingCluster:
+    kubeconfig: str | None
+    context: str
+
+
+@dataclass(frozen=True)
+class PlatformConfig:
+    """The platform stack: cluster, shared services and the team registry."""
+
+    stack: str
+    cloud: Cloud
+    environment: Environment
+    cluster_name: str
+    kubernetes_version: str
+    tags: tuple[tuple[str, str], ...]
+    aws: AwsSettings | None
+    existing: ExistingCluster | None
+    registry: Registry
+
+
+@dataclass(frozen=True)
+class TeamStackConfig:
+    """A team stack: which team, on which platform stack."""
+
+    stack: str
+    team: str
+    platform_stack: str
+
+    @property
+    def platform_stack_name(self) -> str:
+        """The short stack name (last segment of <org>/<project>/<stack>)."""
+        return self.platform_stack.rsplit("/", 1)[-1]
+
+
+StackConfig = PlatformConfig | TeamStackConfig

@@ -1,0 +1,126 @@
+"""`trainstack preview`: stack file -> config check -> in-process synth -> plan on disk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainstack.config import (
+    ConfigError,
+    ConfigIssue,
+    PlatformConfig,
+    StackConfig,
+    TeamStackConfig,
+    parse_stack_config,
+    read_stack_file,
+)
+from trainstack.config.errors import did_you_mean
+from trainstack.preview.plan import Plan
+from trainstack.preview.synth import PROJECT, synth
+
+
+@dataclass(frozen=True)
+class Project:
+    """A trainstack Pulumi project: where the program and the stack files are."""
+
+    root: Path
+    stacks_dir: Path
+
+    @classmethod
+    def find(cls, start: Path) -> Project:
+        for folder in (start, *start.parents):
+            project_file = folder / "Pulumi.yaml"
+            if project_file.is_file():
+                data = yaml.safe_load(project_file.read_text(encoding="utf-8")) or {}
+                return cls(folder, folder / str(data.get("stackConfigDir", ".")))
+        raise ConfigError(
+            str(start), [ConfigIssue("Pulumi.yaml", "no Pulumi project found here or above")]
+        )
+
+    def stack_file(self, stack: str) -> Path:
+        return self.stacks_dir / f"Pulumi.{stack}.yaml"
+
+    def stacks(self) -> list[str]:
+        return sorted(
+            p.name[len("Pulumi.") : -len(".yaml")] for p in self.stacks_dir.glob("Pulumi.*.yaml")
+        )
+
+
+@dataclass
+class Previewer:
+    """Previews stacks of one project; platform previews are cached for team stacks."""
+
+    project: Project
+    _plans: dict[str, Plan] = field(default_factory=dict)
+
+    def load(self, stack: str) -> tuple[StackConfig, dict[str, Any]]:
+        path = self.project.stack_file(stack)
+        if not path.is_file():
+            known = ", ".join(self.project.stacks()) or "none"
+            raise ConfigError(
+                str(path), [ConfigIssue("stack", f"no stack file for {stack!r} (stacks: {known})")]
+            )
+        values = read_stack_file(path)
+        return parse_stack_config(values, stack=stack, source=str(path)), values
+
+    def preview(self, stack: str) -> Plan:
+        if stack in self._plans:
+            return self._plans[stack]
+        config, values = self.load(stack)
+        stack_outputs: dict[str, tuple[dict[str, Any], list[str]]] = {}
+        region = "us-east-1"
+        if isinstance(config, TeamStackConfig):
+            platform_plan = self._platform_for(config)
+            stack_outputs[config.platform_stack] = (
+                platform_plan.outputs,
+                sorted(k for k, v in platform_plan.outputs.items() if v == "[secret]"),
+            )
+        elif isinstance(config, PlatformConfig) and config.aws is not None:
+            region = config.aws.region
+        result = synth(self.project.root, stack, values, region=region, stack_outputs=stack_outputs)
+        plan = Plan.from_synth(result, "platform" if isinstance(config, PlatformConfig) else "team")
+        self._plans[stack] = plan
+        return plan
+
+    def _platform_for(self, config: TeamStackConfig) -> Plan:
+        org, project, name = config.platform_stack.split("/")
+        del org  # any organisation: offline, the stack file is the platform stack
+        if project != PROJECT:
+            raise ConfigError(
+                f"stack {config.stack}",
+                [
+                    ConfigIssue(
+                        "trainstack:team.platformStack",
+                        f"project {project!r} is not this project ({PROJECT!r}); "
+                        f"use <org>/{PROJECT}/<stack>",
+                    )
+                ],
+            )
+        platform_config, _ = self.load(name)
+        if not isinstance(platform_config, PlatformConfig):
+            raise ConfigError(
+                f"stack {config.stack}",
+                [
+                    ConfigIssue(
+                        "trainstack:team.platformStack",
+                        f"{config.platform_stack!r} is a team stack; point to a platform stack",
+                    )
+                ],
+            )
+        if platform_config.registry.team(config.team) is None:
+            names = [t.name for t in platform_config.registry.teams]
+            raise ConfigError(
+                f"stack {config.stack}",
+                [
+                    ConfigIssue(
+                        "trainstack:team.team",
+                        f"team {config.team!r} is not in the registry of platform stack "
+                        f"{name!r}{did_you_mean(config.team, names)} (teams: {', '.join(names)}); "
+                        "add it there or fix the name",
+                    )
+                ],
+            )
+        return self.preview(name)

@@ -1,0 +1,186 @@
+"""The plan: a deterministic document of every resource, and the files written from it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainstack.preview.mocks import ResourceRecord
+from trainstack.preview.synth import SECRET_PLACEHOLDER, SynthResult
+
+PLAN_VERSION = 1
+# How the Pulumi wire protocol marks a secret value inside a property map.
+_SECRET_SIG_KEY = "4dabf18193072939515e22adb298388d"
+_SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
+
+
+def normalise(value: Any) -> Any:
+    """Canonical form: ints for the wire's floats (`2`, not `2.0`), maps sorted, secrets masked.
+
+    Map order from the engine is not stable between runs; sorting makes plans
+    byte-identical.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        if value.get(_SECRET_SIG_KEY) == _SECRET_SIG:
+            return SECRET_PLACEHOLDER  # plans are shared in pull requests: never print secrets
+        return {k: normalise(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [normalise(v) for v in value]
+    return value
+
+
+def _urn_ref(urn: str) -> str:
+    """`type::name` of a URN, the stable identity of a resource in the plan."""
+    if not urn:
+        return ""
+    head, _, name = urn.rpartition("::")
+    return f"{head.rsplit('$', 1)[-1].rsplit('::', 1)[-1]}::{name}"
+
+
+def _provider_ref(provider: str) -> str:
+    urn = provider.split("::", 1)[0] if provider.count("::") == 1 else provider.rsplit("::", 1)[0]
+    return _urn_ref(urn)
+
+
+@dataclass(frozen=True)
+class Resource:
+    type: str
+    name: str
+    parent: str
+    provider: str
+    custom: bool
+    inputs: dict[str, Any]
+    dependencies: tuple[str, ...]
+
+    @property
+    def ref(self) -> str:
+        return f"{self.type}::{self.name}"
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"type": self.type, "name": self.name, "parent": self.parent or None}
+        if self.provider:
+            doc["provider"] = self.provider
+        doc["custom"] = self.custom
+        if self.dependencies:
+            doc["dependencies"] = list(self.dependencies)
+        doc["inputs"] = self.inputs
+        return doc
+
+
+def _resource(record: ResourceRecord) -> Resource:
+    parent = _urn_ref(record.parent_urn)
+    if parent.startswith("pulumi:pulumi:Stack::"):
+        parent = ""
+    return Resource(
+        type=record.type,
+        name=record.name,
+        parent=parent,
+        provider=_provider_ref(record.provider) if record.provider else "",
+        custom=record.custom,
+        inputs=normalise(record.inputs),
+        dependencies=tuple(sorted(_urn_ref(d) for d in record.dependencies)),
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    stack: str
+    kind: str  # platform | team
+    resources: tuple[Resource, ...]
+    outputs: dict[str, Any]
+
+    @classmethod
+    def from_synth(cls, result: SynthResult, kind: str) -> Plan:
+        resources = sorted((_resource(r) for r in result.records), key=lambda r: (r.type, r.name))
+        outputs = {
+            key: SECRET_PLACEHOLDER if key in result.secret_outputs else normalise(value)
+            for key, value in sorted(result.outputs.items())
+        }
+        return cls(result.stack, kind, tuple(resources), outputs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": PLAN_VERSION,
+            "stack": self.stack,
+            "kind": self.kind,
+            "resources": [r.to_json() for r in self.resources],
+            "outputs": self.outputs,
+        }
+
+    def kubernetes_objects(self) -> list[tuple[Resource, dict[str, Any]]]:
+        """Each Kubernetes object exactly as it would be applied."""
+        objects: list[tuple[Resource, dict[str, Any]]] = []
+        for resource in self.resources:
+            inputs = resource.inputs
+            if resource.type.startswith("kubernetes:") and "kind" in inputs and resource.custom:
+                # Conventional order on top; everything below is sorted.
+                head: dict[str, Any] = {
+                    k: inputs[k] for k in ("apiVersion", "kind", "metadata") if k in inputs
+                }
+                rest = {k: v for k, v in inputs.items() if k not in head}
+                objects.append((resource, {**head, **rest}))
+        return objects
+
+    def aws_resources(self) -> list[Resource]:
+        return [r for r in self.resources if r.type.startswith("aws:") and r.custom]
+
+    def counts_by_component(self) -> dict[str, Counter[str]]:
+        """Custom resources per owning component (the nearest non-custom ancestor)."""
+        by_ref = {r.ref: r for r in self.resources}
+        counts: dict[str, Counter[str]] = {}
+        for resource in self.resources:
+            if not resource.custom:
+                continue
+            owner = resource.parent
+            while owner and owner in by_ref and by_ref[owner].custom:
+                owner = by_ref[owner].parent
+            counts.setdefault(owner or "(stack)", Counter())[resource.type] += 1
+        return dict(sorted(counts.items()))
+
+
+def _dump_yaml(doc: Any) -> str:
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=100)
+
+
+def _short_type(resource_type: str) -> str:
+    """aws:eks/cluster:Cluster -> eks.Cluster"""
+    _, module, kind = resource_type.split(":", 2)
+    return f"{module.split('/')[0]}.{kind}"
+
+
+def write_plan(plan: Plan, out_dir: Path) -> list[Path]:
+    """Write plan.json, one YAML per Kubernetes object, one JSON per AWS resource.
+
+    The directory is replaced, so files of resources that no longer exist do not linger.
+    """
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    written: list[Path] = []
+
+    def write(path: Path, text: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+
+    write(out_dir / "plan.json", json.dumps(plan.to_json(), indent=2, sort_keys=True) + "\n")
+    for _, manifest in plan.kubernetes_objects():
+        meta = manifest.get("metadata", {})
+        folder = meta.get("namespace", "_cluster")
+        write(
+            out_dir / "kubernetes" / folder / f"{manifest['kind'].lower()}-{meta.get('name')}.yaml",
+            _dump_yaml(manifest),
+        )
+    for resource in plan.aws_resources():
+        write(
+            out_dir / "aws" / _short_type(resource.type) / f"{resource.name}.json",
+            json.dumps(resource.inputs, indent=2, sort_keys=True) + "\n",
+        )
+    return written
