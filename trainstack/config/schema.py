@@ -14,7 +14,12 @@ from referencing import Registry, Resource
 
 from trainstack.config.errors import ConfigIssue, did_you_mean, join_path
 
-SCHEMA_FILES = ("platform.schema.json", "team.schema.json", "stack-file.schema.json")
+SCHEMA_FILES = (
+    "platform.schema.json",
+    "team.schema.json",
+    "stack-file.schema.json",
+    "instances.schema.json",
+)
 _JSON_TYPES = {
     bool: "boolean",
     int: "integer",
