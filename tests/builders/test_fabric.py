@@ -1,0 +1,119 @@
+"""EFA interface layouts and fabric profiles, per instance family."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trainstack.builders.fabric import (
+    EFA_RESOURCE,
+    OBSOLETE_EFA_ENV,
+    efa_network_interfaces,
+    efa_profile,
+    rdma_profile,
+    tcp_profile,
+)
+from trainstack.catalog import catalog, lookup
+
+
+def layout(name: str) -> list[tuple[int, int, str]]:
+    return [
+        (i["networkCardIndex"], i["deviceIndex"], i["interfaceType"])
+        for i in efa_network_interfaces(lookup(name), ["sg-efa"])
+    ]
+
+
+def test_p5_interfaces_one_efa_per_card() -> None:
+    interfaces = layout("p5.48xlarge")
+    assert interfaces[:3] == [(0, 0, "interface"), (0, 1, "efa-only"), (1, 0, "efa-only")]
+    assert interfaces[-1] == (31, 0, "efa-only")
+    assert len(interfaces) == 33
+    assert sum(1 for _, _, kind in interfaces if kind == "efa-only") == 32
+
+
+def test_p4d_and_p5en_and_single_card_types() -> None:
+    assert layout("p4d.24xlarge") == [
+        (0, 0, "interface"),
+        (0, 1, "efa-only"),
+        (1, 0, "efa-only"),
+        (2, 0, "efa-only"),
+        (3, 0, "efa-only"),
+    ]
+    assert sum(1 for _, _, kind in layout("p5en.48xlarge") if kind == "efa-only") == 16
+    assert layout("g5.48xlarge") == [(0, 0, "interface"), (0, 1, "efa-only")]
+
+
+def test_every_interface_carries_the_security_group() -> None:
+    for interface in efa_network_interfaces(lookup("p6-b200.48xlarge"), ["sg-1", "sg-2"]):
+        assert interface["securityGroups"] == ["sg-1", "sg-2"]
+        assert interface["deleteOnTermination"] == "true"
+
+
+def test_efa_on_a_type_without_efa_is_an_error() -> None:
+    with pytest.raises(ValueError, match=r"g5\.xlarge has no EFA"):
+        efa_network_interfaces(lookup("g5.xlarge"), [])
+
+
+@pytest.mark.parametrize(("name", "efa"), [("p5.48xlarge", 32), ("p5en.48xlarge", 16)])
+def test_profile_devices(name: str, efa: int) -> None:
+    profile = efa_profile(lookup(name))
+    assert profile.gpus_per_node == 8
+    assert profile.devices_per_node == {EFA_RESOURCE: efa}
+    assert profile.resources_for(8) == {
+        "nvidia.com/gpu": "8",
+        EFA_RESOURCE: str(efa),
+        "hugepages-2Mi": "5120Mi",
+    }
+    assert profile.resources_for(4)[EFA_RESOURCE] == str(efa // 2)
+
+
+def test_profiles_never_emit_obsolete_efa_settings() -> None:
+    for instance in catalog().values():
+        if instance.supports_efa:
+            assert not OBSOLETE_EFA_ENV & set(efa_profile(instance).env), instance.name
+
+
+def test_roce_and_tcp_env() -> None:
+    roce = rdma_profile(
+        "roce",
+        gpus_per_node=8,
+        resource="rdma/rdma_shared_device_a",
+        devices_per_node=1,
+        hcas="mlx5_0,mlx5_1",
+        socket_ifname="eth0",
+    )
+    assert roce.env["NCCL_IB_GID_INDEX"] == "3"
+    assert roce.env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    ib = rdma_profile(
+        "infiniband",
+        gpus_per_node=8,
+        resource="nvidia.com/hostdev",
+        devices_per_node=8,
+        hcas="mlx5",
+        socket_ifname="ib0",
+    )
+    assert "NCCL_IB_GID_INDEX" not in ib.env
+    assert tcp_profile(4, "eth0").env["NCCL_IB_DISABLE"] == "1"
+
+
+def test_uneven_share_is_rejected_with_the_valid_choices() -> None:
+    profile = efa_profile(lookup("p5.48xlarge"))
+    with pytest.raises(ValueError, match="use one of 1, 2, 4, 8"):
+        profile.resources_for(3)
+
+
+@given(gpus=st.sampled_from([1, 2, 4, 8]))
+def test_shares_add_up_to_the_node_or_are_refused(gpus: int) -> None:
+    for name in ("p4d.24xlarge", "p5.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge"):
+        profile = efa_profile(lookup(name))
+        replicas = profile.gpus_per_node // gpus
+        if profile.devices_per_node[EFA_RESOURCE] % replicas:
+            # e.g. 4 EFA on an 8-GPU p4d cannot be split over eight 1-GPU replicas
+            with pytest.raises(ValueError, match="cannot be split"):
+                profile.resources_for(gpus)
+            continue
+        share = profile.resources_for(gpus)
+        assert int(share[EFA_RESOURCE]) * replicas == profile.devices_per_node[EFA_RESOURCE]
+        hugepages = int(share["hugepages-2Mi"].removesuffix("Mi"))
+        assert hugepages * replicas == profile.hugepages_mi_per_node

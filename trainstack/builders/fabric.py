@@ -1,0 +1,164 @@
+"""RDMA fabrics: the EFA interface layout of a launch template, and the fabric profile.
+
+The fabric profile is the contract between node pools and the job layer: which device
+resources a node offers and which NCCL environment a job on it needs, so that a job's
+author never has to know the fabric.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from trainstack.catalog import InstanceType
+
+Fabric = Literal["efa", "infiniband", "roce", "tcp"]
+
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+HUGEPAGES_RESOURCE = "hugepages-2Mi"
+# Per GPU; awsome-distributed-training requests 5120Mi for an 8-GPU p5 pod.
+EFA_HUGEPAGES_MI_PER_GPU = 640
+AWS_OFI_NCCL_TUNER = "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-ofi-tuner.so"
+# Settings the aws-ofi-nccl EFA cheatsheet calls obsolete or harmful; never emitted.
+OBSOLETE_EFA_ENV = frozenset(
+    {
+        "FI_EFA_FORK_SAFE",
+        "FI_EFA_ENABLE_SHM_TRANSFER",
+        "FI_PROVIDER",
+        "NCCL_PROTO",
+        "RDMAV_FORK_SAFE",
+        "FI_EFA_USE_DEVICE_RDMA",
+        "NCCL_MIN_CHANNELS",
+        "NCCL_BUFFSIZE",
+    }
+)
+# Both sides of a torch job benefit from these whatever the fabric.
+TORCH_NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+
+
+def efa_network_interfaces(
+    instance: InstanceType, security_group_ids: list[Any]
+) -> list[dict[str, Any]]:
+    """Launch-template interfaces, following AWS's EFA guidance for multi-card types.
+
+    The primary ENA interface sits on card 0 / device 0; an EFA-only interface joins it
+    on card 0 / device 1; every further EFA card gets an EFA-only interface at device 0.
+    Every interface carries the pool's security groups (EFA traffic needs the
+    self-referencing group on each).
+    """
+    if not instance.supports_efa:
+        raise ValueError(f"{instance.name} has no EFA")
+    interfaces = [
+        {"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"},
+    ]
+    for card in instance.efa_cards:
+        interfaces.append(
+            {
+                "networkCardIndex": card,
+                "deviceIndex": 1 if card == 0 else 0,
+                "interfaceType": "efa-only",
+            }
+        )
+    for interface in interfaces:
+        interface["securityGroups"] = list(security_group_ids)
+        interface["deleteOnTermination"] = "true"
+    return interfaces
+
+
+@dataclass(frozen=True)
+class FabricProfile:
+    """What one node of a pool offers, and the environment jobs on it need."""
+
+    fabric: Fabric
+    gpus_per_node: int
+    # Extended resources per node besides GPUs (EFA/RDMA devices, hugepages).
+    devices_per_node: dict[str, int] = field(default_factory=dict)
+    hugepages_mi_per_node: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+
+    def resources_for(self, gpus: int) -> dict[str, str]:
+        """Requests (= limits) for a replica using `gpus` of a node's GPUs.
+
+        Devices are shared out in proportion, so a replica may only take a share that
+        divides evenly; anything else would strand devices or fail scheduling.
+        """
+        if gpus < 1 or gpus > self.gpus_per_node or self.gpus_per_node % gpus:
+            raise ValueError(
+                f"{gpus} GPUs per replica does not divide a {self.gpus_per_node}-GPU node; "
+                f"use one of {', '.join(str(d) for d in divisors(self.gpus_per_node))}"
+            )
+        share = self.gpus_per_node // gpus
+        resources = {GPU_RESOURCE: str(gpus)}
+        for name, count in self.devices_per_node.items():
+            if count % share:
+                raise ValueError(
+                    f"{count} {name} per node cannot be split over {share} replicas of {gpus} GPUs"
+                )
+            resources[name] = str(count // share)
+        if self.hugepages_mi_per_node:
+            resources[HUGEPAGES_RESOURCE] = f"{self.hugepages_mi_per_node // share}Mi"
+        return resources
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fabric": self.fabric,
+            "gpusPerNode": self.gpus_per_node,
+            "devicesPerNode": dict(sorted(self.devices_per_node.items())),
+            "hugepagesMiPerNode": self.hugepages_mi_per_node,
+            "env": dict(sorted(self.env.items())),
+        }
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def efa_profile(instance: InstanceType) -> FabricProfile:
+    """EFA on AWS: every EFA device, hugepages for libfabric, current aws-ofi-nccl env."""
+    if not instance.supports_efa:
+        raise ValueError(f"{instance.name} has no EFA")
+    return FabricProfile(
+        fabric="efa",
+        gpus_per_node=instance.gpus,
+        devices_per_node={EFA_RESOURCE: instance.efa_devices},
+        hugepages_mi_per_node=EFA_HUGEPAGES_MI_PER_GPU * instance.gpus,
+        env={
+            **TORCH_NCCL_ENV,
+            # Bootstrap traffic stays off loopback and container bridges.
+            "NCCL_SOCKET_IFNAME": "^lo,docker0,veth_def_agent",
+            "NCCL_TUNER_PLUGIN": AWS_OFI_NCCL_TUNER,
+        },
+    )
+
+
+def rdma_profile(
+    fabric: Literal["infiniband", "roce"],
+    *,
+    gpus_per_node: int,
+    resource: str,
+    devices_per_node: int,
+    hcas: str,
+    socket_ifname: str,
+    gid_index: int | None = None,
+) -> FabricProfile:
+    """InfiniBand or RoCE on an existing cluster, devices exposed by an RDMA device plugin."""
+    env = {**TORCH_NCCL_ENV, "NCCL_IB_HCA": hcas, "NCCL_SOCKET_IFNAME": socket_ifname}
+    if fabric == "roce":
+        # RoCE v2 needs the GID of the routable (IPv4) address; 3 on most Mellanox setups.
+        env["NCCL_IB_GID_INDEX"] = str(3 if gid_index is None else gid_index)
+    return FabricProfile(
+        fabric=fabric,
+        gpus_per_node=gpus_per_node,
+        devices_per_node={resource: devices_per_node},
+        env=env,
+    )
+
+
+def tcp_profile(gpus_per_node: int, socket_ifname: str) -> FabricProfile:
+    """No RDMA: NCCL over sockets, with InfiniBand verbs explicitly off."""
+    return FabricProfile(
+        fabric="tcp",
+        gpus_per_node=gpus_per_node,
+        env={**TORCH_NCCL_ENV, "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": socket_ifname},
+    )
