@@ -9,11 +9,13 @@ import pulumi_aws as aws
 
 from components.eks import EksCluster, EksClusterArgs
 from components.existing import ExistingCluster
+from components.gpu import GpuNodePool, GpuNodePoolArgs, GpuPlugins, GpuPluginsArgs
 from components.network import Network, NetworkArgs
 from components.services import PlatformServices, PlatformServicesArgs
 from trainstack import outputs as out
 from trainstack.builders import labels
 from trainstack.builders.platform import registry_document
+from trainstack.builders.pools import pool_output
 from trainstack.config.model import PlatformConfig
 
 
@@ -36,6 +38,7 @@ class PlatformOutputs:
     team_namespaces: dict[str, str] = field(default_factory=dict)
     registry: dict[str, object] = field(default_factory=dict)
     kube_context: str | None = None
+    gpu_pools: list[dict[str, object]] = field(default_factory=list)
 
     def exports(self) -> dict[str, object]:
         """Stack exports by contract name; cloud-specific ones only where they exist."""
@@ -47,6 +50,7 @@ class PlatformOutputs:
             out.STORAGE_CLASSES: self.storage_classes,
             out.TEAM_NAMESPACES: self.team_namespaces,
             out.REGISTRY: self.registry,
+            out.GPU_POOLS: self.gpu_pools,
         }
         if self.cloud == "aws":
             values |= {
@@ -91,6 +95,23 @@ class Platform(pulumi.ComponentResource):
                 pulumi.ResourceOptions(parent=self),
             )
             k8s_provider = cluster.k8s_provider
+            for pool in cfg.gpu_pools:
+                assert pool.aws is not None
+                zone = pool.aws.availability_zone
+                GpuNodePool(
+                    f"{name}-pool-{pool.name}",
+                    GpuNodePoolArgs(
+                        config=cfg,
+                        pool=pool,
+                        cluster_name=cluster.cluster.name,
+                        cluster_security_group_id=cluster.cluster.vpc_config.cluster_security_group_id,
+                        node_role_arn=cluster.node_role.arn,
+                        vpc_id=network.vpc_id,
+                        subnet_ids=[s for z, s in network.private_subnets if zone in (None, z)],
+                        provider=provider,
+                    ),
+                    pulumi.ResourceOptions(parent=self),
+                )
             self.outputs = PlatformOutputs(
                 cluster_name=cluster.cluster.name,
                 kubernetes_version=cfg.kubernetes_version,
@@ -123,6 +144,13 @@ class Platform(pulumi.ComponentResource):
             PlatformServicesArgs(cfg, k8s_provider),
             pulumi.ResourceOptions(parent=self),
         )
+        if cfg.gpu_pools:
+            GpuPlugins(
+                f"{name}-gpu-plugins",
+                GpuPluginsArgs(cfg, k8s_provider, depends_on=[services]),
+                pulumi.ResourceOptions(parent=self),
+            )
+        self.outputs.gpu_pools = [pool_output(cfg, p) for p in cfg.gpu_pools]
         self.outputs.storage_classes = services.storage_classes
         self.outputs.team_namespaces = services.team_namespaces
         self.outputs.registry = registry_document(cfg)

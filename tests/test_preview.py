@@ -51,11 +51,20 @@ def test_preview_writes_the_whole_plan(tmp_path: Path) -> None:
     plan = json.loads((out / "plan.json").read_text())
     assert plan["stack"] == "dev"
     assert plan["kind"] == "platform"
-    kube = [r for r in plan["resources"] if r["type"].startswith("kubernetes:") and r["custom"]]
+    kube = [
+        r
+        for r in plan["resources"]
+        if r["type"].startswith("kubernetes:") and "kind" in r["inputs"]
+    ]
+    helm = [r for r in plan["resources"] if r["type"] == "kubernetes:helm.sh/v3:Release"]
     aws = [r for r in plan["resources"] if r["type"].startswith("aws:")]
     files = tree(out)
     assert len([f for f in files if f.startswith("kubernetes/")]) == len(kube)
     assert len([f for f in files if f.startswith("aws/")]) == len(aws)
+    assert len([f for f in files if f.startswith("helm/")]) == len(helm) == 1
+    release = yaml.safe_load((out / "helm/nvidia-device-plugin.yaml").read_text())
+    assert release["chart"] == "nvidia-device-plugin"
+    assert release["version"] == "0.18.2"
     namespace = yaml.safe_load((out / "kubernetes/_cluster/namespace-vision.yaml").read_text())
     assert list(namespace)[:3] == ["apiVersion", "kind", "metadata"]
     cluster = json.loads((out / "aws/eks.Cluster/trainstack-dev-cluster-eks.json").read_text())

@@ -23,6 +23,7 @@ PRIVATE_SUBNET_IDS: Final = "privateSubnetIds"
 STORAGE_CLASSES: Final = "storageClasses"
 TEAM_NAMESPACES: Final = "teamNamespaces"
 REGISTRY: Final = "registry"
+GPU_POOLS: Final = "gpuPools"
 
 # Team stack outputs.
 TEAM: Final = "team"
@@ -48,4 +49,9 @@ PLATFORM_OUTPUTS: Final[dict[str, tuple[str, bool, bool]]] = {
     STORAGE_CLASSES: ("StorageClass names the platform created", True, True),
     TEAM_NAMESPACES: ("team name -> namespace", True, True),
     REGISTRY: ("the team registry: groups, teams, owners, quotas", True, True),
+    GPU_POOLS: (
+        "GPU pools: shape, node selector, taint and fabric profile (devices, NCCL env)",
+        True,
+        True,
+    ),
 }

@@ -79,7 +79,6 @@ def test_roce_and_tcp_env() -> None:
         "roce",
         gpus_per_node=8,
         resource="rdma/rdma_shared_device_a",
-        devices_per_node=1,
         hcas="mlx5_0,mlx5_1",
         socket_ifname="eth0",
     )
@@ -88,12 +87,14 @@ def test_roce_and_tcp_env() -> None:
     ib = rdma_profile(
         "infiniband",
         gpus_per_node=8,
-        resource="nvidia.com/hostdev",
-        devices_per_node=8,
+        resource="rdma/ib",
         hcas="mlx5",
         socket_ifname="ib0",
     )
     assert "NCCL_IB_GID_INDEX" not in ib.env
+    # one shared RDMA device per replica, whatever its GPU share
+    assert roce.resources_for(2) == {"nvidia.com/gpu": "2", "rdma/rdma_shared_device_a": "1"}
+    assert ib.resources_for(8) == {"nvidia.com/gpu": "8", "rdma/ib": "1"}
     assert tcp_profile(4, "eth0").env["NCCL_IB_DISABLE"] == "1"
 
 

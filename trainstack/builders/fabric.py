@@ -76,6 +76,8 @@ class FabricProfile:
     devices_per_node: dict[str, int] = field(default_factory=dict)
     hugepages_mi_per_node: int = 0
     env: dict[str, str] = field(default_factory=dict)
+    # Shared devices (the RDMA shared device plugin) are requested once per replica.
+    shared_devices: tuple[str, ...] = ()
 
     def resources_for(self, gpus: int) -> dict[str, str]:
         """Requests (= limits) for a replica using `gpus` of a node's GPUs.
@@ -90,6 +92,7 @@ class FabricProfile:
             )
         share = self.gpus_per_node // gpus
         resources = {GPU_RESOURCE: str(gpus)}
+        resources |= dict.fromkeys(self.shared_devices, "1")
         for name, count in self.devices_per_node.items():
             if count % share:
                 raise ValueError(
@@ -106,6 +109,7 @@ class FabricProfile:
             "gpusPerNode": self.gpus_per_node,
             "devicesPerNode": dict(sorted(self.devices_per_node.items())),
             "hugepagesMiPerNode": self.hugepages_mi_per_node,
+            "sharedDevices": list(self.shared_devices),
             "env": dict(sorted(self.env.items())),
         }
 
@@ -137,12 +141,14 @@ def rdma_profile(
     *,
     gpus_per_node: int,
     resource: str,
-    devices_per_node: int,
     hcas: str,
     socket_ifname: str,
     gid_index: int | None = None,
 ) -> FabricProfile:
-    """InfiniBand or RoCE on an existing cluster, devices exposed by an RDMA device plugin."""
+    """InfiniBand or RoCE on an existing cluster, through the RDMA shared device plugin.
+
+    Every replica on a node shares the node's HCAs through one `rdma/<name>` device.
+    """
     env = {**TORCH_NCCL_ENV, "NCCL_IB_HCA": hcas, "NCCL_SOCKET_IFNAME": socket_ifname}
     if fabric == "roce":
         # RoCE v2 needs the GID of the routable (IPv4) address; 3 on most Mellanox setups.
@@ -150,7 +156,7 @@ def rdma_profile(
     return FabricProfile(
         fabric=fabric,
         gpus_per_node=gpus_per_node,
-        devices_per_node={resource: devices_per_node},
+        shared_devices=(resource,),
         env=env,
     )
 

@@ -17,6 +17,7 @@ import yaml
 from trainstack.builders.network import MAX_VPC_PREFIX
 from trainstack.config import model as m
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean, join_path
+from trainstack.config.pools import build_pools, pool_checks
 from trainstack.config.schema import apply_defaults, schema_issues
 
 PLATFORM_KEY = "trainstack:platform"
@@ -115,6 +116,7 @@ def _platform_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     registry = doc.get("registry")
     if isinstance(registry, Mapping):
         issues.extend(_registry_checks(registry, join_path(root, "registry")))
+    issues.extend(pool_checks(doc, root))
     return issues
 
 
@@ -315,6 +317,8 @@ def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
             else None
         ),
         registry=_build_registry(doc["registry"]),
+        gpu_device_plugin=doc["gpu"]["devicePlugin"],
+        gpu_pools=build_pools(doc),
     )
 
 

@@ -12,6 +12,9 @@ from typing import Literal
 Cloud = Literal["aws", "existing"]
 Environment = Literal["development", "production"]
 NatGateways = Literal["single", "perAz"]
+Fabric = Literal["efa", "infiniband", "roce", "tcp"]
+CapacityType = Literal["onDemand", "spot", "reservation", "capacityBlock"]
+DevicePlugin = Literal["nvidia-device-plugin", "gpu-operator"]
 
 # Namespaces the platform owns; a team may not be named like them.
 SYSTEM_NAMESPACE = "trainstack-system"
@@ -123,6 +126,56 @@ class ExistingCluster:
 
 
 @dataclass(frozen=True)
+class Capacity:
+    type: CapacityType
+    reservation_id: str | None = None
+    reservation_group_arn: str | None = None
+
+
+@dataclass(frozen=True)
+class AwsPool:
+    instance_type: str
+    availability_zone: str | None
+    size: NodeGroupSize
+    capacity: Capacity
+    placement_group: bool
+    instance_store_raid0: bool
+    disk_size_gib: int
+
+
+@dataclass(frozen=True)
+class RdmaSettings:
+    resource_name: str
+    interfaces: tuple[str, ...]
+    hcas: str
+    gid_index: int | None
+
+    @property
+    def resource(self) -> str:
+        """The extended resource the RDMA shared device plugin advertises."""
+        return f"rdma/{self.resource_name}"
+
+
+@dataclass(frozen=True)
+class ExistingPool:
+    node_selector: tuple[tuple[str, str], ...]
+    gpus_per_node: int
+    nodes: int
+    socket_ifname: str
+    rdma: RdmaSettings | None
+
+
+@dataclass(frozen=True)
+class GpuPool:
+    """A GPU node pool: exactly one of `aws` or `existing` is set, per the stack's cloud."""
+
+    name: str
+    fabric: Fabric
+    aws: AwsPool | None = None
+    existing: ExistingPool | None = None
+
+
+@dataclass(frozen=True)
 class PlatformConfig:
     """The platform stack: cluster, shared services and the team registry."""
 
@@ -135,6 +188,11 @@ class PlatformConfig:
     aws: AwsSettings | None
     existing: ExistingCluster | None
     registry: Registry
+    gpu_device_plugin: DevicePlugin = "nvidia-device-plugin"
+    gpu_pools: tuple[GpuPool, ...] = ()
+
+    def pool(self, name: str) -> GpuPool | None:
+        return next((p for p in self.gpu_pools if p.name == name), None)
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,10 @@ class RecordingMocks(pulumi.runtime.Mocks):
         out: dict[str, Any] = {"name": physical, "arn": self._arn(service, typ, physical)}
         if typ == "aws:eks/cluster:Cluster":
             token = _digest(physical)
+            vpc_config = dict(inputs.get("vpcConfig") or {})
+            vpc_config["clusterSecurityGroupId"] = f"sg-{token[:17].lower()}"
             out |= {
+                "vpcConfig": vpc_config,
                 "endpoint": f"https://{token}.gr7.{self.region}.eks.amazonaws.com",
                 "certificateAuthority": {
                     "data": base64.b64encode(f"fake-ca-{physical}".encode()).decode()

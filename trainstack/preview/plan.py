@@ -15,6 +15,7 @@ from trainstack.preview.mocks import ResourceRecord
 from trainstack.preview.synth import SECRET_PLACEHOLDER, SynthResult
 
 PLAN_VERSION = 1
+HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 # How the Pulumi wire protocol marks a secret value inside a property map.
 _SECRET_SIG_KEY = "4dabf18193072939515e22adb298388d"
 _SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
@@ -129,6 +130,9 @@ class Plan:
                 objects.append((resource, {**head, **rest}))
         return objects
 
+    def helm_releases(self) -> list[Resource]:
+        return [r for r in self.resources if r.type == HELM_RELEASE]
+
     def aws_resources(self) -> list[Resource]:
         return [r for r in self.resources if r.type.startswith("aws:") and r.custom]
 
@@ -178,6 +182,18 @@ def write_plan(plan: Plan, out_dir: Path) -> list[Path]:
             out_dir / "kubernetes" / folder / f"{manifest['kind'].lower()}-{meta.get('name')}.yaml",
             _dump_yaml(manifest),
         )
+    for release in plan.helm_releases():
+        # Charts render only in a real engine; the release's chart, version and values
+        # are what a reviewer needs to see.
+        inputs = release.inputs
+        doc = {
+            "chart": inputs.get("chart"),
+            "version": inputs.get("version"),
+            "repository": (inputs.get("repositoryOpts") or {}).get("repo"),
+            "namespace": inputs.get("namespace"),
+            "values": inputs.get("values", {}),
+        }
+        write(out_dir / "helm" / f"{inputs.get('name', release.name)}.yaml", _dump_yaml(doc))
     for resource in plan.aws_resources():
         write(
             out_dir / "aws" / _short_type(resource.type) / f"{resource.name}.json",

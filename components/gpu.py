@@ -1,0 +1,212 @@
+"""GPU node pools on EKS and the device plugins that expose GPUs and RDMA devices."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from components.kube import apply_manifest
+from trainstack.builders import pools as b
+from trainstack.builders.fabric import efa_network_interfaces
+from trainstack.config.model import GpuPool, PlatformConfig
+
+_CAPACITY_TYPES = {
+    "onDemand": "ON_DEMAND",
+    "spot": "SPOT",
+    "reservation": "ON_DEMAND",
+    "capacityBlock": "CAPACITY_BLOCK",
+}
+
+
+@dataclass(frozen=True)
+class GpuNodePoolArgs:
+    config: PlatformConfig
+    pool: GpuPool
+    cluster_name: pulumi.Input[str]
+    cluster_security_group_id: pulumi.Input[str]
+    node_role_arn: pulumi.Input[str]
+    vpc_id: pulumi.Input[str]
+    subnet_ids: list[pulumi.Output[str]]
+    provider: pulumi.ProviderResource
+
+
+class GpuNodePool(pulumi.ComponentResource):
+    """An EKS managed node group whose EFA wiring is right by construction."""
+
+    node_group: aws.eks.NodeGroup
+
+    def __init__(
+        self, name: str, args: GpuNodePoolArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("trainstack:aws:GpuNodePool", name, None, opts)
+        cfg, pool = args.config, args.pool
+        assert pool.aws is not None, "GpuNodePool is for AWS pools"
+        spec = pool.aws
+        instance = b.instance_of(pool)
+        child = pulumi.ResourceOptions(parent=self, provider=args.provider)
+
+        interfaces = None
+        if pool.fabric == "efa":
+            # EFA traffic must be allowed to and from every interface of the pool.
+            group = aws.ec2.SecurityGroup(
+                f"{name}-efa",
+                vpc_id=args.vpc_id,
+                description=f"EFA traffic within GPU pool {pool.name}",
+                tags={"Name": f"{cfg.cluster_name}-{pool.name}-efa"},
+                opts=child,
+            )
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-efa-in",
+                security_group_id=group.id,
+                referenced_security_group_id=group.id,
+                ip_protocol="-1",
+                description="all traffic from the pool itself",
+                opts=child,
+            )
+            aws.vpc.SecurityGroupEgressRule(
+                f"{name}-efa-out",
+                security_group_id=group.id,
+                referenced_security_group_id=group.id,
+                ip_protocol="-1",
+                description="all traffic to the pool itself",
+                opts=child,
+            )
+            interfaces = [
+                aws.ec2.LaunchTemplateNetworkInterfaceArgs(
+                    network_card_index=i["networkCardIndex"],
+                    device_index=i["deviceIndex"],
+                    interface_type=i["interfaceType"],
+                    security_groups=i["securityGroups"],
+                    delete_on_termination=i["deleteOnTermination"],
+                )
+                for i in efa_network_interfaces(
+                    instance, [group.id, args.cluster_security_group_id]
+                )
+            ]
+
+        placement = None
+        if spec.placement_group:
+            group_name = b.placement_group_name(cfg.cluster_name, pool)
+            aws.ec2.PlacementGroup(f"{name}-pg", name=group_name, strategy="cluster", opts=child)
+            placement = aws.ec2.LaunchTemplatePlacementArgs(
+                group_name=group_name, availability_zone=spec.availability_zone
+            )
+
+        reservation = None
+        market = None
+        if spec.capacity.type in ("reservation", "capacityBlock"):
+            reservation = aws.ec2.LaunchTemplateCapacityReservationSpecificationArgs(
+                capacity_reservation_target=aws.ec2.LaunchTemplateCapacityReservationSpecificationCapacityReservationTargetArgs(
+                    capacity_reservation_id=spec.capacity.reservation_id,
+                    capacity_reservation_resource_group_arn=spec.capacity.reservation_group_arn,
+                )
+            )
+        if spec.capacity.type == "capacityBlock":
+            market = aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(market_type="capacity-block")
+
+        user_data = b.node_user_data(pool)
+        template = aws.ec2.LaunchTemplate(
+            f"{name}-lt",
+            description=f"{cfg.cluster_name} GPU pool {pool.name} ({instance.name})",
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=2
+            ),
+            block_device_mappings=[
+                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                    device_name="/dev/xvda",
+                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                        volume_size=spec.disk_size_gib,
+                        volume_type="gp3",
+                        encrypted="true",
+                        delete_on_termination="true",
+                    ),
+                )
+            ],
+            network_interfaces=interfaces,
+            placement=placement,
+            capacity_reservation_specification=reservation,
+            instance_market_options=market,
+            user_data=base64.b64encode(user_data.encode()).decode() if user_data else None,
+            opts=child,
+        )
+        self.node_group = aws.eks.NodeGroup(
+            f"{name}-nodes",
+            cluster_name=args.cluster_name,
+            node_group_name=pool.name,
+            node_role_arn=args.node_role_arn,
+            subnet_ids=args.subnet_ids,
+            instance_types=[instance.name],
+            # EKS-optimised accelerated AMI (NVIDIA driver, EFA) for the cluster's version.
+            ami_type="AL2023_x86_64_NVIDIA",
+            capacity_type=_CAPACITY_TYPES[spec.capacity.type],
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                min_size=spec.size.min, desired_size=spec.size.desired, max_size=spec.size.max
+            ),
+            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            labels=b.node_labels(cfg, pool),
+            taints=[
+                aws.eks.NodeGroupTaintArgs(
+                    key=b.GPU_TAINT["key"], value=b.GPU_TAINT["value"], effect="NO_SCHEDULE"
+                )
+            ],
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=template.id, version=template.latest_version.apply(str)
+            ),
+            opts=child,
+        )
+        self.register_outputs({"nodeGroup": self.node_group.node_group_name})
+
+
+@dataclass(frozen=True)
+class GpuPluginsArgs:
+    config: PlatformConfig
+    k8s_provider: pulumi.ProviderResource
+    depends_on: list[pulumi.Resource]
+
+
+class GpuPlugins(pulumi.ComponentResource):
+    """Device plugins from upstream charts, each scheduled only where its device exists."""
+
+    def __init__(
+        self, name: str, args: GpuPluginsArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("trainstack:k8s:GpuPlugins", name, None, opts)
+        cfg = args.config
+        child = pulumi.ResourceOptions(
+            parent=self, provider=args.k8s_provider, depends_on=args.depends_on
+        )
+        gpu_values = (
+            b.gpu_operator_values()
+            if cfg.gpu_device_plugin == "gpu-operator"
+            else b.nvidia_device_plugin_values()
+        )
+        self._release(name, cfg.gpu_device_plugin, gpu_values, child)
+        if any(p.fabric == "efa" for p in cfg.gpu_pools):
+            self._release(name, "aws-efa-k8s-device-plugin", b.efa_device_plugin_values(cfg), child)
+        if any(p.existing is not None and p.existing.rdma for p in cfg.gpu_pools):
+            operator = self._release(name, "network-operator", b.network_operator_values(), child)
+            apply_manifest(
+                f"{name}-nic-policy",
+                b.nic_cluster_policy(cfg),
+                pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[operator])),
+            )
+        self.register_outputs({})
+
+    def _release(
+        self, name: str, key: str, values: dict[str, object], opts: pulumi.ResourceOptions
+    ) -> k8s.helm.v3.Release:
+        chart = b.CHARTS[key]
+        return k8s.helm.v3.Release(
+            f"{name}-{key}",
+            name=key,
+            chart=chart["chart"],
+            version=chart["version"],
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart["repo"]),
+            namespace=b.PLUGIN_NAMESPACE,
+            values=values,
+            opts=opts,
+        )

@@ -1,0 +1,346 @@
+"""GpuNodePool and GpuPlugins: exact EFA wiring, capacity, node bootstrap, plugin placement."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from typing import Any
+
+import kubernetes_validate
+import pulumi
+import pulumi_aws as aws
+import pytest
+
+from components.gpu import GpuNodePool, GpuNodePoolArgs, GpuPlugins, GpuPluginsArgs
+from components.platform import Platform
+from tests.conftest import Recorded
+from trainstack.config import PlatformConfig, parse_stack_config
+
+ZONES = ["us-east-1a", "us-east-1b"]
+GROUP_ARN = "arn:aws:resource-groups:us-east-1:111122223333:group/g"
+
+
+def platform(pools: list[dict[str, Any]], cloud: str = "aws") -> PlatformConfig:
+    doc: dict[str, Any] = {
+        "cloud": cloud,
+        "kubernetesVersion": "1.33",
+        "registry": {
+            "teams": [{"name": "vision", "owners": ["a@example.com"], "quota": {"gpus": 8}}]
+        },
+        "gpuPools": pools,
+    }
+    if cloud == "aws":
+        doc["aws"] = {
+            "region": "us-east-1",
+            "network": {"vpcCidr": "10.0.0.0/16", "availabilityZones": ZONES},
+        }
+    else:
+        doc["existing"] = {"context": "lab"}
+    config = parse_stack_config({"trainstack:platform": doc}, stack="t", source="test")
+    assert isinstance(config, PlatformConfig)
+    return config
+
+
+def efa_pool(instance_type: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": "gpu",
+        "instanceType": instance_type,
+        "fabric": "efa",
+        "availabilityZone": "us-east-1a",
+        "size": {"min": 0, "max": 2},
+        **extra,
+    }
+
+
+def run_pool(run_program: Callable[..., Recorded], cfg: PlatformConfig) -> Recorded:
+    def program() -> None:
+        provider = aws.Provider("aws", region="us-east-1")
+        GpuNodePool(
+            "pool",
+            GpuNodePoolArgs(
+                config=cfg,
+                pool=cfg.gpu_pools[0],
+                cluster_name="c",
+                cluster_security_group_id="sg-cluster",
+                node_role_arn="arn:aws:iam::000000000000:role/node",
+                vpc_id="vpc-1",
+                subnet_ids=[pulumi.Output.from_input("subnet-a")],
+                provider=provider,
+            ),
+        )
+
+    return run_program(program)
+
+
+def interfaces(rec: Recorded) -> list[tuple[int, int, str]]:
+    template = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt")
+    return [
+        (i["networkCardIndex"], i["deviceIndex"], i["interfaceType"])
+        for i in template.inputs["networkInterfaces"]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "cards"),
+    [
+        ("p4d.24xlarge", 4),
+        ("p4de.24xlarge", 4),
+        ("p5.48xlarge", 32),
+        ("p5e.48xlarge", 32),
+        ("p5en.48xlarge", 16),
+        ("p6-b200.48xlarge", 8),
+        ("g5.48xlarge", 1),
+        ("g6e.48xlarge", 4),
+    ],
+)
+def test_efa_interfaces_per_family(
+    run_program: Callable[..., Recorded], instance_type: str, cards: int
+) -> None:
+    rec = run_pool(run_program, platform([efa_pool(instance_type)]))
+    expected = [(0, 0, "interface"), (0, 1, "efa-only")] + [
+        (card, 0, "efa-only") for card in range(1, cards)
+    ]
+    assert interfaces(rec) == expected
+    template = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt")
+    for interface in template.inputs["networkInterfaces"]:
+        assert interface["securityGroups"] == ["pool-efa-id", "sg-cluster"]
+
+
+def test_efa_security_group_allows_all_traffic_within_itself(
+    run_program: Callable[..., Recorded],
+) -> None:
+    rec = run_pool(run_program, platform([efa_pool("p5.48xlarge")]))
+    group = rec.one("aws:ec2/securityGroup:SecurityGroup", "pool-efa")
+    assert group.inputs["vpcId"] == "vpc-1"
+    for rtype, name in (
+        ("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule", "pool-efa-in"),
+        ("aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule", "pool-efa-out"),
+    ):
+        rule = rec.one(rtype, name)
+        assert rule.inputs["securityGroupId"] == "pool-efa-id"
+        assert rule.inputs["referencedSecurityGroupId"] == "pool-efa-id"
+        assert rule.inputs["ipProtocol"] == "-1"
+
+
+def test_placement_group_zone_and_subnets(run_program: Callable[..., Recorded]) -> None:
+    rec = run_pool(run_program, platform([efa_pool("p5.48xlarge")]))
+    group = rec.one("aws:ec2/placementGroup:PlacementGroup", "pool-pg")
+    assert group.inputs == {"name": "trainstack-t-gpu", "strategy": "cluster"}
+    template = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt")
+    assert template.inputs["placement"] == {
+        "groupName": "trainstack-t-gpu",
+        "availabilityZone": "us-east-1a",
+    }
+    nodes = rec.one("aws:eks/nodeGroup:NodeGroup", "pool-nodes")
+    assert nodes.inputs["subnetIds"] == ["subnet-a"]
+
+
+def test_node_group_labels_taint_ami_and_hardening(run_program: Callable[..., Recorded]) -> None:
+    rec = run_pool(run_program, platform([efa_pool("p5en.48xlarge")]))
+    nodes = rec.one("aws:eks/nodeGroup:NodeGroup", "pool-nodes")
+    assert nodes.inputs["amiType"] == "AL2023_x86_64_NVIDIA"
+    assert nodes.inputs["instanceTypes"] == ["p5en.48xlarge"]
+    assert nodes.inputs["taints"] == [
+        {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
+    ]
+    assert nodes.inputs["labels"] == {
+        "trainstack.io/pool": "gpu",
+        "trainstack.io/fabric": "efa",
+        "trainstack.io/gpu-model": "H200",
+        "trainstack.io/capacity": "onDemand",
+        "trainstack.io/placement-group": "trainstack-t-gpu",
+        "nvidia.com/gpu.present": "true",
+    }
+    template = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt")
+    assert template.inputs["metadataOptions"]["httpTokens"] == "required"
+    assert template.inputs["blockDeviceMappings"][0]["ebs"]["encrypted"] == "true"
+
+
+def test_user_data_raid0_and_hugepages(run_program: Callable[..., Recorded]) -> None:
+    rec = run_pool(run_program, platform([efa_pool("p5.48xlarge")]))
+    template = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt")
+    user_data = base64.b64decode(template.inputs["userData"]).decode()
+    assert "Content-Type: application/node.eks.aws" in user_data
+    assert '"strategy": "RAID0"' in user_data
+    # 8 GPUs x 640 MiB = 5120 MiB = 2560 pages of 2 MiB
+    assert "sysctl -w vm.nr_hugepages=2560" in user_data
+
+
+def test_tcp_pool_has_no_efa_wiring(run_program: Callable[..., Recorded]) -> None:
+    pool = {"name": "gpu", "instanceType": "g5.xlarge", "fabric": "tcp", "size": {"max": 2}}
+    rec = run_pool(run_program, platform([pool]))
+    assert rec.of_type("aws:ec2/securityGroup:SecurityGroup") == []
+    assert rec.of_type("aws:ec2/placementGroup:PlacementGroup") == []
+    template = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt")
+    assert "networkInterfaces" not in template.inputs
+    assert "userData" in template.inputs  # g5.xlarge has NVMe: RAID0, but no hugepages
+    user_data = base64.b64decode(template.inputs["userData"]).decode()
+    assert "nr_hugepages" not in user_data
+
+
+@pytest.mark.parametrize(
+    ("capacity", "capacity_type", "market", "target"),
+    [
+        ({"type": "onDemand"}, "ON_DEMAND", None, None),
+        ({"type": "spot"}, "SPOT", None, None),
+        (
+            {"type": "reservation", "reservationId": "cr-0123456789abcdef0"},
+            "ON_DEMAND",
+            None,
+            {"capacityReservationId": "cr-0123456789abcdef0"},
+        ),
+        (
+            {"type": "reservation", "reservationGroupArn": GROUP_ARN},
+            "ON_DEMAND",
+            None,
+            {"capacityReservationResourceGroupArn": GROUP_ARN},
+        ),
+        (
+            {"type": "capacityBlock", "reservationId": "cr-0123456789abcdef0"},
+            "CAPACITY_BLOCK",
+            {"marketType": "capacity-block"},
+            {"capacityReservationId": "cr-0123456789abcdef0"},
+        ),
+    ],
+)
+def test_capacity_options(
+    run_program: Callable[..., Recorded],
+    capacity: dict[str, str],
+    capacity_type: str,
+    market: dict[str, str] | None,
+    target: dict[str, str] | None,
+) -> None:
+    rec = run_pool(run_program, platform([efa_pool("p5.48xlarge", capacity=capacity)]))
+    nodes = rec.one("aws:eks/nodeGroup:NodeGroup", "pool-nodes")
+    assert nodes.inputs["capacityType"] == capacity_type
+    template = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt").inputs
+    assert template.get("instanceMarketOptions") == market
+    spec = template.get("capacityReservationSpecification")
+    assert (spec["capacityReservationTarget"] if spec else None) == target
+
+
+def plugin_releases(rec: Recorded) -> dict[str, dict[str, Any]]:
+    return {r.inputs["name"]: r.inputs for r in rec.of_type("kubernetes:helm.sh/v3:Release")}
+
+
+def run_plugins(run_program: Callable[..., Recorded], cfg: PlatformConfig) -> Recorded:
+    def program() -> None:
+        import pulumi_kubernetes as k8s  # noqa: PLC0415 (only needed inside the program)
+
+        provider = k8s.Provider("k8s")
+        GpuPlugins("plugins", GpuPluginsArgs(cfg, provider, depends_on=[]))
+
+    return run_program(program)
+
+
+def test_device_plugins_select_only_nodes_with_the_device(
+    run_program: Callable[..., Recorded],
+) -> None:
+    cfg = platform(
+        [
+            efa_pool("p5.48xlarge"),
+            {"name": "l40s", "instanceType": "g6e.12xlarge", "fabric": "tcp", "size": {"max": 1}},
+        ]
+    )
+    rec = run_plugins(run_program, cfg)
+    releases = plugin_releases(rec)
+    assert set(releases) == {"nvidia-device-plugin", "aws-efa-k8s-device-plugin"}
+    nvidia = releases["nvidia-device-plugin"]
+    assert nvidia["chart"] == "nvidia-device-plugin"
+    assert nvidia["version"] == "0.18.2"
+    assert nvidia["repositoryOpts"] == {"repo": "https://nvidia.github.io/k8s-device-plugin"}
+    term = nvidia["values"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["nodeSelectorTerms"] == [
+        {
+            "matchExpressions": [
+                {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}
+            ]
+        }
+    ]
+    efa = releases["aws-efa-k8s-device-plugin"]
+    assert efa["version"] == "v0.5.30"
+    assert efa["values"]["nodeSelector"] == {"trainstack.io/fabric": "efa"}
+    # only the EFA pool's type: the tcp pool's g6e nodes never run the EFA plugin
+    assert efa["values"]["supportedInstanceLabels"]["values"] == ["p5.48xlarge"]
+    for release in releases.values():
+        assert release["namespace"] == "trainstack-system"
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in release[
+            "values"
+        ]["tolerations"]
+
+
+def test_no_efa_plugin_without_efa_pools_and_gpu_operator_option(
+    run_program: Callable[..., Recorded],
+) -> None:
+    cfg = platform(
+        [{"name": "l4", "instanceType": "g6e.12xlarge", "fabric": "tcp", "size": {"max": 1}}]
+    )
+    cfg = PlatformConfig(**{**cfg.__dict__, "gpu_device_plugin": "gpu-operator"})
+    releases = plugin_releases(run_plugins(run_program, cfg))
+    assert set(releases) == {"gpu-operator"}
+    values = releases["gpu-operator"]["values"]
+    assert values["driver"] == {"enabled": False}
+    assert values["toolkit"] == {"enabled": False}
+
+
+def test_existing_roce_pool_gets_network_operator_and_policy(
+    run_program: Callable[..., Recorded],
+) -> None:
+    pool = {
+        "name": "a100",
+        "fabric": "roce",
+        "nodeSelector": {"gpu": "a100"},
+        "gpusPerNode": 8,
+        "nodes": 4,
+        "rdma": {"resourceName": "roce_a", "interfaces": ["ens1f0"], "hcas": "mlx5_0"},
+    }
+    rec = run_plugins(run_program, platform([pool], cloud="existing"))
+    assert set(plugin_releases(rec)) == {"nvidia-device-plugin", "network-operator"}
+    policy = rec.one("kubernetes:mellanox.com/v1alpha1:NicClusterPolicy")
+    spec = policy.inputs["spec"]
+    assert spec["rdmaSharedDevicePlugin"]["config"] == (
+        '{"configList": [{"rdmaHcaMax": 63, "resourceName": "roce_a", '
+        '"selectors": {"ifNames": ["ens1f0"]}}]}'
+    )
+    terms = spec["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert terms == [{"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a100"]}]}]
+    operator = rec.one("kubernetes:helm.sh/v3:Release", "plugins-network-operator")
+    assert operator.urn in policy.dependencies
+
+
+def test_platform_exports_fabric_profiles(run_program: Callable[..., Recorded]) -> None:
+    cfg = platform([efa_pool("p5.48xlarge"), {**efa_pool("p5en.48xlarge"), "name": "h200"}])
+
+    def program() -> None:
+        for key, value in Platform("p", cfg).outputs.exports().items():
+            pulumi.export(key, value)
+
+    rec = run_program(program)
+    pools = {p["name"]: p for p in rec.result.outputs["gpuPools"]}
+    assert pools["gpu"]["profile"]["gpusPerNode"] == 8
+    assert pools["gpu"]["profile"]["devicesPerNode"] == {"vpc.amazonaws.com/efa": 32}
+    assert pools["h200"]["profile"]["devicesPerNode"] == {"vpc.amazonaws.com/efa": 16}
+    assert pools["gpu"]["nodeSelector"] == {"trainstack.io/pool": "gpu"}
+    nodes = {r.name for r in rec.of_type("aws:eks/nodeGroup:NodeGroup")}
+    assert nodes == {"p-cluster-system", "p-pool-gpu-nodes", "p-pool-h200-nodes"}
+    pool_group = rec.one("aws:eks/nodeGroup:NodeGroup", "p-pool-gpu-nodes")
+    assert pool_group.inputs["subnetIds"] == ["p-network-private-us-east-1a-id"]
+
+
+@pytest.mark.parametrize("plugin", ["nvidia-device-plugin", "aws-efa-k8s-device-plugin"])
+def test_plugin_scheduling_values_are_valid_pod_fields(
+    run_program: Callable[..., Recorded], plugin: str
+) -> None:
+    """The Kubernetes-typed parts of Helm values pass strict validation inside a Pod."""
+    releases = plugin_releases(run_plugins(run_program, platform([efa_pool("p5.48xlarge")])))
+    values = releases[plugin]["values"]
+    spec: dict[str, Any] = {"containers": [{"name": "x", "image": "x"}]}
+    for key in ("affinity", "tolerations", "nodeSelector", "priorityClassName"):
+        if key in values:
+            spec[key] = values[key]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": spec}
+    kubernetes_validate.validate(pod, "1.33", strict=True)

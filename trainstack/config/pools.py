@@ -1,0 +1,304 @@
+"""Cross-field rules and model building for GPU pools (part of the one loader pass).
+
+Everything AWS would reject at launch (EFA on a type without it, a pool across zones,
+spot on a reservation) is caught here, at preview time, with the field and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from trainstack.catalog import catalog
+from trainstack.config import model as m
+from trainstack.config.errors import ConfigIssue, did_you_mean, join_path
+
+AWS_FABRICS = ("efa", "tcp")
+EXISTING_FABRICS = ("infiniband", "roce", "tcp")
+AWS_ONLY = (
+    "instanceType",
+    "availabilityZone",
+    "capacity",
+    "placementGroup",
+    "instanceStore",
+    "size",
+    "diskSizeGiB",
+)
+EXISTING_ONLY = ("nodeSelector", "gpusPerNode", "nodes", "rdma", "socketIfname")
+
+
+def _items(value: object) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            if isinstance(item, Mapping):
+                yield index, item
+
+
+def network_zones(doc: Mapping[str, Any]) -> set[str] | None:
+    """Zones the platform's private subnets are in, or None if unknown (bad config)."""
+    aws = doc.get("aws")
+    network = aws.get("network") if isinstance(aws, Mapping) else None
+    if not isinstance(network, Mapping):
+        return None
+    if isinstance(network.get("availabilityZones"), list):
+        return {z for z in network["availabilityZones"] if isinstance(z, str)}
+    vpc = network.get("existingVpc")
+    if isinstance(vpc, Mapping):
+        return {
+            s["availabilityZone"]
+            for _, s in _items(vpc.get("privateSubnets"))
+            if isinstance(s.get("availabilityZone"), str)
+        }
+    return None
+
+
+def pool_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
+    cloud = doc.get("cloud")
+    pools_path = join_path(root, "gpuPools")
+    issues: list[ConfigIssue] = []
+    seen: dict[str, int] = {}
+    zones = network_zones(doc)
+    for index, pool in _items(doc.get("gpuPools")):
+        path = join_path(pools_path, index)
+        name = pool.get("name")
+        if isinstance(name, str):
+            if name in seen:
+                issues.append(
+                    ConfigIssue(
+                        join_path(path, "name"),
+                        f"pool {name!r} is already defined at {join_path(pools_path, seen[name])}; "
+                        "names must be unique",
+                    )
+                )
+            seen.setdefault(name, index)
+        if cloud == "aws":
+            issues += _aws_pool(pool, path, zones)
+        elif cloud == "existing":
+            issues += _existing_pool(pool, path)
+    return issues
+
+
+def _misplaced(
+    pool: Mapping[str, Any], path: str, keys: tuple[str, ...], cloud: str
+) -> list[ConfigIssue]:
+    return [
+        ConfigIssue(join_path(path, key), f"not used with cloud: {cloud}; remove it")
+        for key in keys
+        if key in pool
+    ]
+
+
+def _aws_pool(pool: Mapping[str, Any], path: str, zones: set[str] | None) -> list[ConfigIssue]:
+    issues = _misplaced(pool, path, EXISTING_ONLY, "aws")
+    fabric = pool.get("fabric")
+    if fabric in ("infiniband", "roce"):
+        issues.append(
+            ConfigIssue(
+                join_path(path, "fabric"),
+                f"{fabric} pools are declared over existing nodes (cloud: existing); "
+                "on AWS use efa or tcp",
+            )
+        )
+    for key in ("instanceType", "size"):
+        if key not in pool:
+            issues.append(ConfigIssue(join_path(path, key), "required for an AWS pool"))
+    known = catalog()
+    instance = None
+    itype = pool.get("instanceType")
+    if isinstance(itype, str):
+        if itype not in known:
+            issues.append(
+                ConfigIssue(
+                    join_path(path, "instanceType"),
+                    f"unknown instance type {itype!r}{did_you_mean(itype, known)}; "
+                    f"supported: {', '.join(known)}",
+                )
+            )
+        else:
+            instance = known[itype]
+    if fabric == "efa" and instance is not None and not instance.supports_efa:
+        with_efa = [
+            n for n, t in known.items() if t.supports_efa and t.gpu_model == instance.gpu_model
+        ]
+        issues.append(
+            ConfigIssue(
+                join_path(path, "fabric"),
+                f"{itype} has no EFA; use fabric: tcp, or an EFA type such as "
+                f"{', '.join(with_efa) or 'p5.48xlarge'}",
+            )
+        )
+    zone = pool.get("availabilityZone")
+    placement = pool.get("placementGroup", fabric == "efa")
+    if zone is None and (fabric == "efa" or placement is True):
+        why = "EFA pools" if fabric == "efa" else "pools with a placement group"
+        issues.append(
+            ConfigIssue(
+                join_path(path, "availabilityZone"),
+                f"required: {why} must stay in one availability zone"
+                + (f" (one of {', '.join(sorted(zones))})" if zones else ""),
+            )
+        )
+    if isinstance(zone, str) and zones is not None and zone not in zones:
+        issues.append(
+            ConfigIssue(
+                join_path(path, "availabilityZone"),
+                f"{zone!r} has no private subnet of this platform; use one of "
+                f"{', '.join(sorted(zones))}",
+            )
+        )
+    if (
+        pool.get("instanceStore") == "raid0"
+        and instance is not None
+        and not instance.has_instance_store
+    ):
+        issues.append(
+            ConfigIssue(
+                join_path(path, "instanceStore"), f"{itype} has no NVMe instance store; use none"
+            )
+        )
+    issues += _size_checks(pool.get("size"), join_path(path, "size"))
+    issues += _capacity_checks(pool.get("capacity"), join_path(path, "capacity"), pool.get("size"))
+    return issues
+
+
+def _size_checks(size: object, path: str) -> list[ConfigIssue]:
+    if not isinstance(size, Mapping):
+        return []
+    lo, want, hi = size.get("min", 0), size.get("desired"), size.get("max")
+    issues = []
+    if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
+        issues.append(ConfigIssue(path, f"min {lo} is greater than max {hi}"))
+    if isinstance(want, int) and isinstance(lo, int) and want < lo:
+        issues.append(ConfigIssue(path, f"desired {want} is below min {lo}"))
+    if isinstance(want, int) and isinstance(hi, int) and want > hi:
+        issues.append(ConfigIssue(path, f"desired {want} is above max {hi}"))
+    return issues
+
+
+def _capacity_checks(capacity: object, path: str, size: object) -> list[ConfigIssue]:
+    if not isinstance(capacity, Mapping):
+        return []
+    kind = capacity.get("type")
+    has_id, has_group = "reservationId" in capacity, "reservationGroupArn" in capacity
+    issues = []
+    if kind in ("onDemand", "spot") and (has_id or has_group):
+        issues.append(
+            ConfigIssue(
+                path,
+                f"{kind} capacity cannot target a capacity reservation or capacity block; "
+                "use type: reservation or capacityBlock, or remove the reservation",
+            )
+        )
+    if kind == "reservation" and has_id == has_group:
+        issues.append(
+            ConfigIssue(
+                path, "a reservation needs exactly one of reservationId or reservationGroupArn"
+            )
+        )
+    if kind == "capacityBlock":
+        if not has_id:
+            issues.append(
+                ConfigIssue(
+                    join_path(path, "reservationId"),
+                    "required: the capacity block's reservation id (cr-…)",
+                )
+            )
+        if has_group:
+            issues.append(
+                ConfigIssue(
+                    join_path(path, "reservationGroupArn"),
+                    "capacity blocks are targeted by reservationId only; remove it",
+                )
+            )
+        if isinstance(size, Mapping) and isinstance(size.get("min"), int) and size["min"] > 0:
+            # The block's instances exist only inside its window; a floor outside it
+            # leaves the node group degraded.
+            issues.append(
+                ConfigIssue(
+                    join_path(path.rsplit(".", 1)[0], "size", "min"),
+                    "must be 0 for a capacity block",
+                )
+            )
+    return issues
+
+
+def _existing_pool(pool: Mapping[str, Any], path: str) -> list[ConfigIssue]:
+    issues = _misplaced(pool, path, AWS_ONLY, "existing")
+    fabric = pool.get("fabric")
+    if fabric == "efa":
+        issues.append(
+            ConfigIssue(
+                join_path(path, "fabric"), "efa exists only on AWS; use infiniband, roce or tcp"
+            )
+        )
+    for key in ("nodeSelector", "gpusPerNode", "nodes"):
+        if key not in pool:
+            issues.append(
+                ConfigIssue(join_path(path, key), "required for a pool of existing nodes")
+            )
+    if fabric in ("infiniband", "roce") and "rdma" not in pool:
+        issues.append(
+            ConfigIssue(
+                join_path(path, "rdma"),
+                f"required for a {fabric} pool: which RDMA devices to expose",
+            )
+        )
+    if fabric == "tcp" and "rdma" in pool:
+        issues.append(
+            ConfigIssue(
+                join_path(path, "rdma"), "a tcp pool uses no RDMA devices; remove it or set fabric"
+            )
+        )
+    rdma = pool.get("rdma")
+    if fabric == "infiniband" and isinstance(rdma, Mapping) and "gidIndex" in rdma:
+        issues.append(
+            ConfigIssue(join_path(path, "rdma", "gidIndex"), "only used on RoCE; remove it")
+        )
+    return issues
+
+
+def build_pools(doc: Mapping[str, Any]) -> tuple[m.GpuPool, ...]:
+    """Typed pools from a validated, default-filled document."""
+    pools = []
+    for raw in doc.get("gpuPools", []):
+        if doc["cloud"] == "aws":
+            instance = catalog()[raw["instanceType"]]
+            size = raw["size"]
+            capacity = raw["capacity"]
+            store = raw.get("instanceStore", "raid0" if instance.has_instance_store else "none")
+            aws_pool = m.AwsPool(
+                instance_type=instance.name,
+                availability_zone=raw.get("availabilityZone"),
+                size=m.NodeGroupSize(
+                    min=size["min"], desired=size.get("desired", size["min"]), max=size["max"]
+                ),
+                capacity=m.Capacity(
+                    type=capacity["type"],
+                    reservation_id=capacity.get("reservationId"),
+                    reservation_group_arn=capacity.get("reservationGroupArn"),
+                ),
+                placement_group=raw.get("placementGroup", raw["fabric"] == "efa"),
+                instance_store_raid0=store == "raid0",
+                disk_size_gib=raw["diskSizeGiB"],
+            )
+            pools.append(m.GpuPool(name=raw["name"], fabric=raw["fabric"], aws=aws_pool))
+        else:
+            rdma = raw.get("rdma")
+            existing = m.ExistingPool(
+                node_selector=tuple(sorted(raw["nodeSelector"].items())),
+                gpus_per_node=raw["gpusPerNode"],
+                nodes=raw["nodes"],
+                socket_ifname=raw["socketIfname"],
+                rdma=(
+                    m.RdmaSettings(
+                        resource_name=rdma["resourceName"],
+                        interfaces=tuple(rdma["interfaces"]),
+                        hcas=rdma["hcas"],
+                        gid_index=rdma.get("gidIndex"),
+                    )
+                    if rdma
+                    else None
+                ),
+            )
+            pools.append(m.GpuPool(name=raw["name"], fabric=raw["fabric"], existing=existing))
+    return tuple(pools)
