@@ -9,6 +9,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from components.nodes import encrypted_root_volume, imdsv2_only
 from trainstack.builders import eks as b
 from trainstack.builders import labels
 from trainstack.config.model import AwsSettings, PlatformConfig
@@ -213,23 +214,8 @@ class EksCluster(pulumi.ComponentResource):
         template = aws.ec2.LaunchTemplate(
             f"{name}-system-lt",
             description=f"{args.config.cluster_name} system nodes",
-            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint="enabled",
-                http_tokens="required",
-                # 2 hops: node-level add-ons in pods (EBS CSI) still read instance metadata.
-                http_put_response_hop_limit=2,
-            ),
-            block_device_mappings=[
-                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
-                    device_name="/dev/xvda",
-                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
-                        volume_size=system.disk_size_gib,
-                        volume_type="gp3",
-                        encrypted="true",
-                        delete_on_termination="true",
-                    ),
-                )
-            ],
+            metadata_options=imdsv2_only(),
+            block_device_mappings=encrypted_root_volume(system.disk_size_gib),
             opts=child,
         )
         return aws.eks.NodeGroup(

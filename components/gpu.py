@@ -10,6 +10,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from components.kube import apply_manifest
+from components.nodes import encrypted_root_volume, imdsv2_only
 from trainstack.builders import pools as b
 from trainstack.builders.fabric import efa_network_interfaces
 from trainstack.config.model import GpuPool, PlatformConfig
@@ -112,20 +113,8 @@ class GpuNodePool(pulumi.ComponentResource):
         template = aws.ec2.LaunchTemplate(
             f"{name}-lt",
             description=f"{cfg.cluster_name} GPU pool {pool.name} ({instance.name})",
-            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=2
-            ),
-            block_device_mappings=[
-                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
-                    device_name="/dev/xvda",
-                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
-                        volume_size=spec.disk_size_gib,
-                        volume_type="gp3",
-                        encrypted="true",
-                        delete_on_termination="true",
-                    ),
-                )
-            ],
+            metadata_options=imdsv2_only(),
+            block_device_mappings=encrypted_root_volume(spec.disk_size_gib),
             network_interfaces=interfaces,
             placement=placement,
             capacity_reservation_specification=reservation,

@@ -8,7 +8,7 @@ Pulumi program all come through here.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,6 +16,7 @@ import yaml
 
 from trainstack.builders.network import MAX_VPC_PREFIX
 from trainstack.config import model as m
+from trainstack.config.checks import dict_items, duplicate_names, size_issues
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean, join_path
 from trainstack.config.pools import build_pools, pool_checks
 from trainstack.config.schema import apply_defaults, schema_issues
@@ -92,13 +93,6 @@ def load_stack_file(path: Path) -> m.StackConfig:
 # values of the wrong shape (the schema reports those).
 
 
-def _dicts(value: object) -> Iterator[tuple[int, Mapping[str, Any]]]:
-    if isinstance(value, list):
-        for index, item in enumerate(value):
-            if isinstance(item, Mapping):
-                yield index, item
-
-
 def _platform_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = []
     cloud = doc.get("cloud")
@@ -162,7 +156,7 @@ def _network_checks(network: Mapping[str, Any], region: object, net_path: str) -
         ]
     vpc = network.get("existingVpc")
     if isinstance(vpc, Mapping):
-        subnets = list(_dicts(vpc.get("privateSubnets")))
+        subnets = list(dict_items(vpc.get("privateSubnets")))
         sub_path = join_path(net_path, "existingVpc", "privateSubnets")
         zones += [
             (join_path(sub_path, i, "availabilityZone"), s["availabilityZone"])
@@ -231,45 +225,19 @@ def _cluster_checks(cluster: Mapping[str, Any], root: str) -> list[ConfigIssue]:
         )
     system = cluster.get("systemNodeGroup")
     if isinstance(system, Mapping):
-        sizes = {k: system.get(k) for k in ("minSize", "desiredSize", "maxSize")}
-        lo, want, hi = (sizes[k] for k in ("minSize", "desiredSize", "maxSize"))
-        path = join_path(root, "systemNodeGroup")
-        if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
-            issues.append(ConfigIssue(path, f"minSize {lo} is greater than maxSize {hi}"))
-        if isinstance(want, int) and isinstance(lo, int) and want < lo:
-            issues.append(ConfigIssue(path, f"desiredSize {want} is below minSize {lo}"))
-        if isinstance(want, int) and isinstance(hi, int) and want > hi:
-            issues.append(ConfigIssue(path, f"desiredSize {want} is above maxSize {hi}"))
-    return issues
-
-
-def _duplicates(
-    items: list[tuple[int, Mapping[str, Any]]], path: str, what: str
-) -> list[ConfigIssue]:
-    seen: dict[str, int] = {}
-    issues = []
-    for index, item in items:
-        name = item.get("name")
-        if not isinstance(name, str):
-            continue
-        if name in seen:
-            issues.append(
-                ConfigIssue(
-                    join_path(path, index, "name"),
-                    f"{what} {name!r} is already defined at {join_path(path, seen[name])}; "
-                    "names must be unique",
-                )
-            )
-        else:
-            seen[name] = index
+        issues += size_issues(
+            system, join_path(root, "systemNodeGroup"), ("minSize", "desiredSize", "maxSize")
+        )
     return issues
 
 
 def _registry_checks(registry: Mapping[str, Any], root: str) -> list[ConfigIssue]:
-    groups = list(_dicts(registry.get("groups")))
-    teams = list(_dicts(registry.get("teams")))
+    groups = list(dict_items(registry.get("groups")))
+    teams = list(dict_items(registry.get("teams")))
     groups_path, teams_path = join_path(root, "groups"), join_path(root, "teams")
-    issues = _duplicates(groups, groups_path, "group") + _duplicates(teams, teams_path, "team")
+    issues = duplicate_names(groups, groups_path, "group") + duplicate_names(
+        teams, teams_path, "team"
+    )
     group_names = {g["name"] for _, g in groups if isinstance(g.get("name"), str)}
     for index, team in teams:
         name, group = team.get("name"), team.get("group")

@@ -6,11 +6,12 @@ spot on a reservation) is caught here, at preview time, with the field and the f
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from trainstack.catalog import catalog
 from trainstack.config import model as m
+from trainstack.config.checks import dict_items, duplicate_names, size_issues
 from trainstack.config.errors import ConfigIssue, did_you_mean, join_path
 
 AWS_FABRICS = ("efa", "tcp")
@@ -27,13 +28,6 @@ AWS_ONLY = (
 EXISTING_ONLY = ("nodeSelector", "gpusPerNode", "nodes", "rdma", "socketIfname")
 
 
-def _items(value: object) -> Iterator[tuple[int, Mapping[str, Any]]]:
-    if isinstance(value, list):
-        for index, item in enumerate(value):
-            if isinstance(item, Mapping):
-                yield index, item
-
-
 def network_zones(doc: Mapping[str, Any]) -> set[str] | None:
     """Zones the platform's private subnets are in, or None if unknown (bad config)."""
     aws = doc.get("aws")
@@ -46,7 +40,7 @@ def network_zones(doc: Mapping[str, Any]) -> set[str] | None:
     if isinstance(vpc, Mapping):
         return {
             s["availabilityZone"]
-            for _, s in _items(vpc.get("privateSubnets"))
+            for _, s in dict_items(vpc.get("privateSubnets"))
             if isinstance(s.get("availabilityZone"), str)
         }
     return None
@@ -55,22 +49,11 @@ def network_zones(doc: Mapping[str, Any]) -> set[str] | None:
 def pool_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     cloud = doc.get("cloud")
     pools_path = join_path(root, "gpuPools")
-    issues: list[ConfigIssue] = []
-    seen: dict[str, int] = {}
+    pools = list(dict_items(doc.get("gpuPools")))
+    issues = duplicate_names(pools, pools_path, "pool")
     zones = network_zones(doc)
-    for index, pool in _items(doc.get("gpuPools")):
+    for index, pool in pools:
         path = join_path(pools_path, index)
-        name = pool.get("name")
-        if isinstance(name, str):
-            if name in seen:
-                issues.append(
-                    ConfigIssue(
-                        join_path(path, "name"),
-                        f"pool {name!r} is already defined at {join_path(pools_path, seen[name])}; "
-                        "names must be unique",
-                    )
-                )
-            seen.setdefault(name, index)
         if cloud == "aws":
             issues += _aws_pool(pool, path, zones)
         elif cloud == "existing":
@@ -164,15 +147,7 @@ def _aws_pool(pool: Mapping[str, Any], path: str, zones: set[str] | None) -> lis
 def _size_checks(size: object, path: str) -> list[ConfigIssue]:
     if not isinstance(size, Mapping):
         return []
-    lo, want, hi = size.get("min", 0), size.get("desired"), size.get("max")
-    issues = []
-    if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
-        issues.append(ConfigIssue(path, f"min {lo} is greater than max {hi}"))
-    if isinstance(want, int) and isinstance(lo, int) and want < lo:
-        issues.append(ConfigIssue(path, f"desired {want} is below min {lo}"))
-    if isinstance(want, int) and isinstance(hi, int) and want > hi:
-        issues.append(ConfigIssue(path, f"desired {want} is above max {hi}"))
-    return issues
+    return size_issues(size, path, ("min", "desired", "max"), default_min=0)
 
 
 def _capacity_checks(capacity: object, path: str, size: object) -> list[ConfigIssue]:
