@@ -1,0 +1,121 @@
+"""Example training job on the trainstack runtime: a small MLP on synthetic data.
+
+Run it as the image does:
+
+    python -m trainstack_runtime.supervisor --nproc-per-node 2 -- train/main.py --steps 40
+
+Every rank appends ``<step> <loss as float.hex>`` to ``<loss-log>/rank-<r>.txt`` so runs can be
+compared bit for bit. Dropout draws from the global RNG on purpose: resume is only exact if
+the RNG state is restored too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from trainstack_runtime.checkpoint import TrainState
+from trainstack_runtime.data import ResumableLoader, SyntheticRegression
+from trainstack_runtime.exitcodes import ConfigError
+from trainstack_runtime.session import Session, run
+
+
+@dataclass(frozen=True)
+class Args:
+    steps: int
+    batch_size: int
+    lr: float
+    dim: int
+    hidden: int
+    dataset_size: int
+    seed: int
+    loss_log: Path | None
+    step_sleep: float
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--dataset-size", type=int, default=96)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--loss-log", type=Path, default=None)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="slow steps down (tests)")
+    ns = p.parse_args(argv)
+    args = Args(**vars(ns))
+    if args.steps < 1 or args.lr <= 0 or args.dim < 1 or args.hidden < 1:
+        raise ConfigError(f"invalid arguments: {args}")
+    return args
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(dim, hidden),
+            nn.ReLU(),
+            nn.Dropout(0.1),
+            nn.Linear(hidden, 1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(x)
+        return out
+
+
+def train(args: Args) -> None:
+    with Session.start() as s:
+        topo = s.topology
+        torch.manual_seed(args.seed)
+        model: nn.Module = MLP(args.dim, args.hidden)
+        if topo.is_distributed:
+            model = DistributedDataParallel(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.5)
+        loader = ResumableLoader(
+            SyntheticRegression(args.dataset_size, args.dim, seed=args.seed),
+            args.batch_size,
+            rank=topo.rank,
+            world_size=topo.world_size,
+            seed=args.seed,
+        )
+        state = TrainState(model, optimizer, scheduler, loader)
+        start = s.restore(state)
+        s.watch_comm(model)
+        log = None
+        if args.loss_log is not None:
+            args.loss_log.mkdir(parents=True, exist_ok=True)
+            log = open(args.loss_log / f"rank-{topo.rank}.txt", "a")  # noqa: SIM115
+        try:
+            for step in range(start + 1, args.steps + 1):
+                with s.timed_data():
+                    x, y = next(loader)
+                loss = nn.functional.mse_loss(model(x), y)
+                optimizer.zero_grad(set_to_none=True)
+                with s.timed_backward():
+                    loss.backward()
+                s.before_optimizer_step()
+                optimizer.step()
+                scheduler.step()
+                if log is not None:
+                    log.write(f"{step} {loss.item().hex()}\n")
+                    log.flush()
+                if args.step_sleep:
+                    time.sleep(args.step_sleep)
+                s.end_step(step, state, samples=x.shape[0])
+            s.finish(args.steps, state)
+        finally:
+            if log is not None:
+                log.close()
+
+
+if __name__ == "__main__":
+    run(lambda: train(parse_args()))

@@ -1,0 +1,240 @@
+"""Map failures to the exit-code contract in :mod:`trainstack_runtime.contract`.
+
+Used in two places: the worker maps the exception that ended it, and the supervisor maps each
+worker's exit status (and the message the worker left) to one verdict for the container.
+No torch import: exceptions are matched by class name along the MRO.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import re
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .contract import EXIT_CLASS, FATAL, RETRYABLE, ExitCode
+
+
+class ConfigError(Exception):
+    """Bad arguments, environment or checkpoint/world mismatch: retrying will not help."""
+
+
+class StorageError(OSError):
+    """Checkpoint storage failed in a way that may succeed on retry."""
+
+
+class Preempted(Exception):
+    """Raised in the worker after the emergency checkpoint committed."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"preempted at step {step}; emergency checkpoint committed")
+        self.step = step
+
+
+_STORAGE_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.ENOSPC, errno.EROFS})
+
+# Order matters: the first matching class wins.
+_TEXT_RULES: tuple[tuple[ExitCode, re.Pattern[str]], ...] = (
+    (
+        ExitCode.DEVICE_OOM,
+        re.compile(r"CUDA out of memory|OutOfMemoryError|HIP out of memory", re.I),
+    ),
+    (
+        ExitCode.HARDWARE,
+        re.compile(
+            r"uncorrectable ECC|ECC error|\bXid\b|illegal memory access|GPU is lost|"
+            r"fallen off the bus|NVLink error|unspecified launch failure",
+            re.I,
+        ),
+    ),
+    (
+        ExitCode.PEER_LOST,
+        re.compile(
+            r"Connection closed by peer|Connection reset by peer|Broken pipe|"
+            r"Connection refused|DistStoreError|RendezvousClosedError|"
+            r"RendezvousConnectionError|peer .*(died|closed|lost)|socket closed",
+            re.I,
+        ),
+    ),
+    (
+        ExitCode.COMM_ERROR,
+        re.compile(
+            r"DistBackendError|DistNetworkError|NCCL|Watchdog caught collective|"
+            r"\bgloo\b.*Timed out|Timed out waiting|collective operation timeout|"
+            r"Application timeout caused pair closure|operation timed out|"
+            r"RendezvousTimeoutError|RendezvousError|ProcessGroup.*(timeout|error)",
+            re.I,
+        ),
+    ),
+    (
+        ExitCode.STORAGE,
+        re.compile(
+            r"Input/output error|Stale file handle|No space left on device|"
+            r"Read-only file system|SlowDown|ServiceUnavailable",
+            re.I,
+        ),
+    ),
+)
+
+_SIGNAL_CODES: dict[int, ExitCode] = {
+    signal.SIGKILL: ExitCode.KILLED,
+    signal.SIGABRT: ExitCode.COMM_ERROR,  # NCCL watchdog teardown
+    signal.SIGBUS: ExitCode.HARDWARE,
+    signal.SIGSEGV: ExitCode.HARDWARE,
+    signal.SIGTERM: ExitCode.PREEMPTED,
+}
+
+
+def classify_text(text: str, default: ExitCode = ExitCode.USER_ERROR) -> ExitCode:
+    """Classify free text (an error message or traceback)."""
+    for code, pattern in _TEXT_RULES:
+        if pattern.search(text):
+            return code
+    return default
+
+
+def _type_names(exc: BaseException) -> set[str]:
+    return {cls.__name__ for cls in type(exc).__mro__}
+
+
+def classify_exception(exc: BaseException) -> ExitCode:  # noqa: PLR0911 - a rule table
+    """Exit code for the exception that ended a worker."""
+    names = _type_names(exc)
+    if isinstance(exc, Preempted):
+        return ExitCode.PREEMPTED
+    if isinstance(exc, ConfigError) or "TopologyError" in names:
+        return ExitCode.CONFIG_ERROR
+    if "OutOfMemoryError" in names:  # torch.OutOfMemoryError (device memory)
+        return ExitCode.DEVICE_OOM
+    if isinstance(exc, MemoryError):
+        # Host allocation failed without the OOM-killer: usually transient pressure.
+        return ExitCode.KILLED
+    if isinstance(exc, StorageError) or (isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS):
+        return ExitCode.STORAGE
+    text = f"{type(exc).__name__}: {exc}"
+    if names & {"DistStoreError"}:
+        return ExitCode.PEER_LOST
+    if names & {"DistBackendError", "DistNetworkError", "DistError"}:
+        # A distributed error carrying peer-loss text is a peer loss, else a comm error.
+        by_text = classify_text(text, default=ExitCode.COMM_ERROR)
+        if by_text in (ExitCode.PEER_LOST, ExitCode.HARDWARE):
+            return by_text
+        return ExitCode.COMM_ERROR
+    by_text = classify_text(text)
+    if by_text is not ExitCode.USER_ERROR:
+        return by_text
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and cause is not exc:
+        return classify_exception(cause)
+    return ExitCode.USER_ERROR
+
+
+def classify_exit(exitcode: int, message: str = "") -> ExitCode:
+    """Classify one worker's exit status as seen by the launcher.
+
+    ``exitcode`` follows ``subprocess`` semantics: negative means killed by that signal.
+    Workers started through :func:`trainstack_runtime.session.run` already exit with a
+    contract code; anything else (a bare script, an interpreter crash) is mapped here.
+    """
+    if exitcode < 0:
+        return _SIGNAL_CODES.get(-exitcode, ExitCode.KILLED)
+    try:
+        code = ExitCode(exitcode)
+    except ValueError:
+        if exitcode > 128 and exitcode - 128 in _SIGNAL_CODES:  # a shell's 128+signal
+            return _SIGNAL_CODES[exitcode - 128]
+        return classify_text(message, default=ExitCode.USER_ERROR)
+    if code is ExitCode.USER_ERROR and message:
+        # A plain `exit 1` from an uncaught exception: the error file may say more.
+        return classify_text(message, default=ExitCode.USER_ERROR)
+    return code
+
+
+# Among retryable classes the most specific root cause wins; PEER_LOST and PREEMPTED are
+# usually side effects of another rank's failure, so they rank last.
+_PRIORITY: tuple[ExitCode, ...] = (
+    ExitCode.CONFIG_ERROR,
+    ExitCode.DEVICE_OOM,
+    ExitCode.USER_ERROR,
+    ExitCode.HARDWARE,
+    ExitCode.STORAGE,
+    ExitCode.KILLED,
+    ExitCode.COMM_ERROR,
+    ExitCode.PEER_LOST,
+    ExitCode.PREEMPTED,
+)
+
+
+def verdict(codes: Iterable[ExitCode]) -> ExitCode:
+    """One code for the container: any fatal cause wins, else the most specific retryable."""
+    present = {c for c in codes if c is not ExitCode.OK}
+    if not present:
+        return ExitCode.OK
+    for code in _PRIORITY:
+        if code in present:
+            return code
+    raise AssertionError(f"unranked exit codes {present}")  # pragma: no cover
+
+
+def is_fatal(code: ExitCode) -> bool:
+    return code in FATAL
+
+
+@dataclass
+class Outcome:
+    code: ExitCode
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    cause: str = ""
+
+    def termination_message(self) -> str:
+        return json.dumps(
+            {
+                "code": int(self.code),
+                "class": EXIT_CLASS[self.code],
+                "retryable": self.code in RETRYABLE,
+                "ranks": {str(k): v for k, v in sorted(self.ranks.items())},
+                "cause": self.cause[:300],
+            },
+            separators=(",", ":"),
+        )
+
+
+def _read_exit_record(run_dir: Path, rank: int, pid: int) -> dict[str, Any] | None:
+    path = run_dir / "exit" / f"rank-{rank:05d}.json"
+    try:
+        record: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if record.get("pid") == pid else None  # stale: from an earlier attempt
+
+
+def classify_failures(failures: dict[int, Any], run_dir: Path) -> Outcome:
+    """``failures``: rank -> torch ProcessFailure (``exitcode``, ``pid``, ``message``)."""
+    ranks: dict[int, dict[str, Any]] = {}
+    codes: dict[int, ExitCode] = {}
+    messages: dict[int, str] = {}
+    for rank, failure in failures.items():
+        exitcode = int(failure.exitcode)
+        record = _read_exit_record(run_dir, rank, int(failure.pid))
+        message = (record or {}).get("message") or str(getattr(failure, "message", "") or "")
+        code = classify_exit(exitcode, message)
+        codes[rank], messages[rank] = code, message
+        entry: dict[str, Any] = {"exitcode": exitcode, "code": int(code)}
+        if exitcode < 0:
+            try:
+                entry["signal"] = signal.Signals(-exitcode).name
+            except ValueError:
+                entry["signal"] = str(-exitcode)
+        ranks[rank] = entry
+    # Ranks the launcher SIGTERMed after the first failure are effects, not causes.
+    causes = {r: c for r, c in codes.items() if failures[r].exitcode != -signal.SIGTERM} or codes
+    code = verdict(causes.values())
+    root = next((r for r in sorted(causes) if causes[r] is code), None)
+    cause = messages.get(root, "") if root is not None else ""
+    if root is not None and not cause:
+        cause = f"rank {root} exited {ranks[root]['exitcode']}"
+    return Outcome(code, ranks, cause)

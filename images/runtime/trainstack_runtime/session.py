@@ -1,0 +1,251 @@
+"""Worker-side glue: one object a training loop talks to, and ``run()`` to exit correctly.
+
+Typical loop::
+
+    def main() -> None:
+        with Session.start() as s:
+            ...build model/optimizer/scheduler/loader...
+            state = TrainState(model, optimizer, scheduler, loader)
+            start = s.restore(state)
+            s.watch_comm(model)
+            for step in range(start + 1, total + 1):
+                with s.timed_data():
+                    batch = next(loader)
+                loss = ...
+                with s.timed_backward():
+                    loss.backward()
+                s.before_optimizer_step()
+                optimizer.step()
+                scheduler.step()
+                s.end_step(step, state, samples=len(batch))
+            s.finish(total, state)
+
+    if __name__ == "__main__":
+        run(main)
+
+``run`` maps whatever ended ``main`` to the exit-code contract, records it for the supervisor
+and leaves with ``os._exit`` (a normal interpreter exit with live process groups can turn the
+code into a SIGABRT).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, NoReturn
+
+import torch
+import torch.distributed as dist
+
+from .checkpoint import CheckpointConfig, CheckpointManager, TrainState
+from .contract import ENV_RUN_DIR, EXIT_CLASS, RUN_DIR_DEFAULT, ExitCode
+from .exitcodes import Preempted, classify_exception, classify_exit
+from .faults import Injector
+from .health import ProgressReporter
+from .preemption import PreemptionWatcher
+from .topology import ProcessTopology, init_process_group, process_topology
+
+log = logging.getLogger("trainstack.session")
+
+
+class Session:
+    def __init__(
+        self,
+        topology: ProcessTopology,
+        checkpoints: CheckpointManager,
+        progress: ProgressReporter,
+        preemption: PreemptionWatcher,
+    ) -> None:
+        self.topology = topology
+        self.checkpoints = checkpoints
+        self.progress = progress
+        self.preemption = preemption
+        self._faults = Injector(topology.rank, topology.restart_count)
+        self._last_end = time.perf_counter()
+        self._data_s = 0.0
+        self._comm_s = 0.0
+        self._stall_s = 0.0
+        self._grad_ready = 0.0
+        self._hook: Any = None
+
+    @classmethod
+    def start(cls, checkpoint_config: CheckpointConfig | None = None) -> Session:
+        topo = process_topology()
+        # Before init: a SIGTERM during a slow rendezvous must not kill us without a verdict.
+        watcher = PreemptionWatcher(distributed=topo.is_distributed)
+        if topo.is_distributed:
+            init_process_group(topo)
+        progress = ProgressReporter(topo.rank, restart_count=topo.restart_count)
+        manager = CheckpointManager(
+            checkpoint_config or CheckpointConfig.from_env(),
+            rank=topo.rank,
+            world_size=topo.world_size,
+            attempt=topo.restart_count,
+            on_commit=progress.checkpoint_committed,
+        )
+        return cls(topo, manager, progress, watcher)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.checkpoints.close()
+            self.preemption.drain()
+            self.progress.set_state("done")
+        else:
+            self.progress.set_state("exiting")
+            # Let a nearly finished save commit (it may spare a restart some steps), but
+            # briefly: after a comm failure the peers it waits for may be gone.
+            try:
+                self.checkpoints.wait(timeout=5.0)
+            except Exception as err:  # the original failure is the one to report
+                log.warning("in-flight checkpoint failed during shutdown: %s", err)
+
+    # ---- resume ----
+    def restore(self, state: TrainState) -> int:
+        step = self.checkpoints.restore(state)
+        self._last_end = time.perf_counter()
+        return step
+
+    # ---- timing ----
+    @contextmanager
+    def timed_data(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._data_s += time.perf_counter() - t0
+
+    def watch_comm(self, model: torch.nn.Module) -> None:
+        """Exposed comm = end of backward - when the first layer's gradient was ready: with
+        DDP the remaining backward time is spent waiting for the last all-reduce buckets."""
+        first = next((p for p in model.parameters() if p.requires_grad), None)
+        if first is None:
+            return
+
+        def mark(_: torch.Tensor) -> None:
+            self._grad_ready = time.perf_counter()
+
+        self._hook = first.register_post_accumulate_grad_hook(mark)  # type: ignore[no-untyped-call]
+
+    @contextmanager
+    def timed_backward(self) -> Iterator[None]:
+        self._grad_ready = 0.0
+        try:
+            yield
+        finally:
+            if self._grad_ready > 0:
+                self._comm_s += max(0.0, time.perf_counter() - self._grad_ready)
+
+    def before_optimizer_step(self) -> None:
+        self._stall_s += self.checkpoints.wait_for_staging()
+
+    # ---- per step ----
+    def end_step(self, step: int, state: TrainState, *, samples: int = 0) -> None:
+        """Metrics, fault injection, periodic checkpoint, preemption. Raises ``Preempted``
+        after the emergency checkpoint committed."""
+        self._faults.at_step_end(step)
+        self.checkpoints.poll()
+        if self.checkpoints.should_save(step):
+            self.checkpoints.save(step, state)
+            self._stall_s += self.checkpoints.last_stall_s
+        now = time.perf_counter()
+        if self._stall_s > 0:
+            self.progress.checkpoint_stall(self._stall_s)
+        self.progress.step(
+            step,
+            step_time_s=now - self._last_end,
+            data_time_s=self._data_s,
+            comm_time_s=self._comm_s,
+            samples=samples,
+        )
+        self._last_end, self._data_s, self._comm_s, self._stall_s = now, 0.0, 0.0, 0.0
+        if self.preemption.agreed():
+            self.progress.set_state("checkpointing")
+            self.checkpoints.save(step, state, blocking=True)
+            self.progress.checkpoint_stall(self.checkpoints.last_stall_s)
+            self.progress.set_state("exiting")
+            raise Preempted(step)
+
+    def finish(self, step: int, state: TrainState, *, save: bool = True) -> None:
+        """End of training: final checkpoint (so a restart is a no-op) and drain."""
+        if save:
+            self.checkpoints.save(step, state, blocking=True)
+        self.checkpoints.wait()
+
+
+# ---- process exit --------------------------------------------------------------------------
+def _exit_record_path(rank: int) -> Path:
+    base = Path(os.environ.get(ENV_RUN_DIR) or RUN_DIR_DEFAULT)
+    return base / "exit" / f"rank-{rank:05d}.json"
+
+
+def _destroy_pg(timeout_s: float = 10.0) -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    done = threading.Event()
+
+    def destroy() -> None:
+        try:
+            dist.destroy_process_group()
+        finally:
+            done.set()
+
+    threading.Thread(target=destroy, daemon=True).start()
+    done.wait(timeout_s)  # a dead peer can make teardown hang; the exit code matters more
+
+
+def run(main: Callable[[], None]) -> NoReturn:
+    """Run ``main`` and exit with the contract code for however it ended."""
+    logging.basicConfig(
+        level=os.environ.get("TRAINSTACK_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    rank = int(os.environ.get("RANK", "0") or 0)
+    code, message = ExitCode.OK, ""
+    try:
+        main()
+    except SystemExit as exc:
+        raw = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = classify_exit(raw)
+        message = f"SystemExit({exc.code!r})"
+    except BaseException as exc:
+        code = classify_exception(exc)
+        message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        if code is not ExitCode.PREEMPTED:
+            traceback.print_exc()
+        log.error("rank %d exiting with %d (%s): %s", rank, code, EXIT_CLASS[code], message)
+    try:
+        path = _exit_record_path(rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {
+            "rank": rank,
+            "pid": os.getpid(),
+            "code": int(code),
+            "class": EXIT_CLASS[code],
+            "message": message[:2000],
+            "time": time.time(),
+        }
+        path.write_text(json.dumps(record))
+    except OSError:
+        pass  # the exit code still carries the verdict
+    if code in (ExitCode.OK, ExitCode.PREEMPTED):
+        _destroy_pg()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(code))

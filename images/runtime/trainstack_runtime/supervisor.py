@@ -1,0 +1,168 @@
+"""Container entrypoint: launch the workers in-process and exit with a classified code.
+
+    python -m trainstack_runtime.supervisor [--nproc-per-node N] [--max-restarts R] \\
+        -- train/main.py --steps 1000
+
+Plain ``torchrun`` exits 1 for every worker failure, so retryable and fatal failures look the
+same to the scheduler. This wraps ``elastic_launch`` instead, maps each failed rank's exit
+status (and the record the worker left through ``session.run``) to the contract, drops ranks
+that were only collateral damage, and writes a one-line JSON verdict to the termination log.
+It also serves ``/healthz`` and ``/metrics`` for the pod (it outlives worker restarts).
+Run it as PID 1 (exec form), or SIGTERM from the kubelet never reaches it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from .contract import (
+    ENV_MAX_RESTARTS,
+    ENV_RUN_DIR,
+    ENV_SHUTDOWN_TIMEOUT_S,
+    ENV_TERMINATION_LOG,
+    RUN_DIR_DEFAULT,
+    SHUTDOWN_TIMEOUT_S_DEFAULT,
+    TERMINATION_LOG_DEFAULT,
+    ExitCode,
+)
+from .exitcodes import ConfigError, Outcome, classify_failures, classify_text
+from .health import HealthPolicy, configured_port, progress_dir, serve
+from .topology import NodePlan, TopologyError, node_plan
+
+log = logging.getLogger("trainstack.supervisor")
+
+
+def supervise(config: LaunchConfig, argv: list[str], run_dir: Path) -> Outcome:
+    try:
+        elastic_launch(config, sys.executable)("-u", *argv)
+        return Outcome(ExitCode.OK)
+    except SignalException as exc:
+        # The launcher already forwarded the signal; workers checkpointed and exited.
+        return Outcome(ExitCode.PREEMPTED, cause=f"received {exc.sigval.name}")
+    except ChildFailedError as exc:
+        return classify_failures(exc.failures, run_dir)
+    except Exception as exc:  # rendezvous or launcher failure before/between workers
+        return Outcome(classify_text(repr(exc), default=ExitCode.COMM_ERROR), cause=repr(exc))
+
+
+def launch_config(plan: NodePlan, *, max_restarts: int, shutdown_timeout: int) -> LaunchConfig:
+    lo, hi = plan.num_nodes if isinstance(plan.num_nodes, tuple) else (plan.num_nodes,) * 2
+    rdzv_configs: dict[str, Any] = {}
+    if plan.rdzv_backend == "static":
+        rdzv_configs["rank"] = plan.node_rank
+    return LaunchConfig(
+        min_nodes=lo,
+        max_nodes=hi,
+        nproc_per_node=plan.nproc_per_node,
+        run_id=plan.run_id if plan.source != "single" else uuid.uuid4().hex,
+        rdzv_endpoint=plan.rdzv_endpoint,
+        rdzv_backend=plan.rdzv_backend,
+        rdzv_configs=rdzv_configs,
+        max_restarts=max_restarts,
+        monitor_interval=0.2,
+        start_method="spawn",
+        shutdown_timeout=shutdown_timeout,
+    )
+
+
+def write_termination_log(message: str) -> None:
+    path = Path(os.environ.get(ENV_TERMINATION_LOG) or TERMINATION_LOG_DEFAULT)
+    try:
+        with open(path, "w") as fh:
+            fh.write(message + "\n")
+    except OSError as err:  # outside Kubernetes there may be no such file
+        log.debug("termination log %s not written: %s", path, err)
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=os.environ.get("TRAINSTACK_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    parser = argparse.ArgumentParser(prog="python -m trainstack_runtime.supervisor")
+    parser.add_argument("--nproc-per-node", type=int, default=None)
+    parser.add_argument("--max-restarts", type=int, default=None)
+    parser.add_argument("--shutdown-timeout", type=int, default=None)
+    parser.add_argument("script", help="training script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    script_args = args.args[1:] if args.args[:1] == ["--"] else args.args
+
+    try:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if args.nproc_per_node is not None:
+            os.environ["TRAINSTACK_NPROC_PER_NODE"] = str(args.nproc_per_node)
+        plan = node_plan(gpus=gpus)
+        max_restarts = (
+            args.max_restarts if args.max_restarts is not None else _env_int(ENV_MAX_RESTARTS, 0)
+        )
+        shutdown = (
+            args.shutdown_timeout
+            if args.shutdown_timeout is not None
+            else _env_int(ENV_SHUTDOWN_TIMEOUT_S, SHUTDOWN_TIMEOUT_S_DEFAULT)
+        )
+        if not Path(args.script).is_file():
+            raise ConfigError(f"training script {args.script} not found")
+    except (ConfigError, TopologyError) as err:
+        outcome = Outcome(ExitCode.CONFIG_ERROR, cause=str(err))
+        log.error("%s", err)
+        write_termination_log(outcome.termination_message())
+        return int(outcome.code)
+
+    run_dir = Path(os.environ.get(ENV_RUN_DIR) or RUN_DIR_DEFAULT)
+    for sub in ("progress", "exit"):
+        shutil.rmtree(run_dir / sub, ignore_errors=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.environ[ENV_RUN_DIR] = str(run_dir)
+    # Watchdog tears down without aborting so flight-recorder dumps survive (facts §9).
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    if max_restarts > 0:
+        # In-pod restarts with the agent's shared TCPStore hang or fail to reconnect.
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+
+    port = configured_port()
+    if port >= 0:
+        server = serve(port, progress_dir(run_dir), HealthPolicy.from_env())
+        bound = server.server_address[1]
+        (run_dir / "health.port").write_text(f"{bound}\n")
+        log.info("health and metrics on :%d", bound)
+
+    config = launch_config(plan, max_restarts=max_restarts, shutdown_timeout=shutdown)
+    log.info(
+        "launching %s: nodes=%s node_rank=%s nproc=%d rdzv=%s@%s",
+        plan.source,
+        plan.num_nodes,
+        plan.node_rank,
+        plan.nproc_per_node,
+        plan.rdzv_backend,
+        plan.rdzv_endpoint,
+    )
+    outcome = supervise(config, [args.script, *script_args], run_dir)
+    message = outcome.termination_message()
+    write_termination_log(message)
+    print(f"trainstack verdict: {message}", file=sys.stderr, flush=True)
+    return int(outcome.code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
