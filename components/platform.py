@@ -11,11 +11,13 @@ from components.eks import EksCluster, EksClusterArgs
 from components.existing import ExistingCluster
 from components.gpu import GpuNodePool, GpuNodePoolArgs, GpuPlugins, GpuPluginsArgs
 from components.network import Network, NetworkArgs
+from components.scheduling import Volcano, VolcanoArgs
 from components.services import PlatformServices, PlatformServicesArgs
 from trainstack import outputs as out
 from trainstack.builders import labels
 from trainstack.builders.platform import registry_document
 from trainstack.builders.pools import pool_output
+from trainstack.builders.scheduling import scheduling_output
 from trainstack.config.model import PlatformConfig
 
 
@@ -39,6 +41,7 @@ class PlatformOutputs:
     registry: dict[str, object] = field(default_factory=dict)
     kube_context: str | None = None
     gpu_pools: list[dict[str, object]] = field(default_factory=list)
+    scheduling: dict[str, object] = field(default_factory=dict)
 
     def exports(self) -> dict[str, object]:
         """Stack exports by contract name; cloud-specific ones only where they exist."""
@@ -51,6 +54,7 @@ class PlatformOutputs:
             out.TEAM_NAMESPACES: self.team_namespaces,
             out.REGISTRY: self.registry,
             out.GPU_POOLS: self.gpu_pools,
+            out.SCHEDULING: self.scheduling,
         }
         if self.cloud == "aws":
             values |= {
@@ -144,6 +148,12 @@ class Platform(pulumi.ComponentResource):
             PlatformServicesArgs(cfg, k8s_provider),
             pulumi.ResourceOptions(parent=self),
         )
+        Volcano(
+            f"{name}-volcano",
+            VolcanoArgs(cfg, k8s_provider),
+            pulumi.ResourceOptions(parent=self),
+        )
+        self.outputs.scheduling = scheduling_output(cfg)
         if cfg.gpu_pools:
             GpuPlugins(
                 f"{name}-gpu-plugins",

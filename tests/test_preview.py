@@ -61,7 +61,7 @@ def test_preview_writes_the_whole_plan(tmp_path: Path) -> None:
     files = tree(out)
     assert len([f for f in files if f.startswith("kubernetes/")]) == len(kube)
     assert len([f for f in files if f.startswith("aws/")]) == len(aws)
-    assert len([f for f in files if f.startswith("helm/")]) == len(helm) == 1
+    assert len([f for f in files if f.startswith("helm/")]) == len(helm) == 2
     release = yaml.safe_load((out / "helm/nvidia-device-plugin.yaml").read_text())
     assert release["chart"] == "nvidia-device-plugin"
     assert release["version"] == "0.18.2"

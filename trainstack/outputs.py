@@ -24,6 +24,7 @@ STORAGE_CLASSES: Final = "storageClasses"
 TEAM_NAMESPACES: Final = "teamNamespaces"
 REGISTRY: Final = "registry"
 GPU_POOLS: Final = "gpuPools"
+SCHEDULING: Final = "scheduling"
 
 # Team stack outputs.
 TEAM: Final = "team"
@@ -49,6 +50,11 @@ PLATFORM_OUTPUTS: Final[dict[str, tuple[str, bool, bool]]] = {
     STORAGE_CLASSES: ("StorageClass names the platform created", True, True),
     TEAM_NAMESPACES: ("team name -> namespace", True, True),
     REGISTRY: ("the team registry: groups, teams, owners, quotas", True, True),
+    SCHEDULING: (
+        "queues per team, priority classes, derived per-team quotas and the capacity summary",
+        True,
+        True,
+    ),
     GPU_POOLS: (
         "GPU pools: shape, node selector, taint and fabric profile (devices, NCCL env)",
         True,

@@ -25,7 +25,7 @@ def platform(pools: list[dict[str, Any]], cloud: str = "aws") -> PlatformConfig:
         "cloud": cloud,
         "kubernetesVersion": "1.33",
         "registry": {
-            "teams": [{"name": "vision", "owners": ["a@example.com"], "quota": {"gpus": 8}}]
+            "teams": [{"name": "vision", "owners": ["a@example.com"], "quota": {"gpus": 0}}]
         },
         "gpuPools": pools,
     }
@@ -294,6 +294,8 @@ def test_existing_roce_pool_gets_network_operator_and_policy(
         "nodeSelector": {"gpu": "a100"},
         "gpusPerNode": 8,
         "nodes": 4,
+        "cpusPerNode": 128,
+        "memoryGiBPerNode": 1024,
         "rdma": {"resourceName": "roce_a", "interfaces": ["ens1f0"], "hcas": "mlx5_0"},
     }
     rec = run_plugins(run_program, platform([pool], cloud="existing"))

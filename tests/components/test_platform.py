@@ -44,6 +44,7 @@ def test_platform_tree_and_kubernetes_children(run_program: Callable[..., Record
         ("trainstack:aws:Network", "p-network"),
         ("trainstack:aws:EksCluster", "p-cluster"),
         ("trainstack:k8s:PlatformServices", "p-services"),
+        ("trainstack:k8s:Volcano", "p-volcano"),
     }
     aws_provider = rec.one("pulumi:providers:aws", "p-aws")
     assert aws_provider.inputs["region"] == "eu-west-1"
@@ -51,7 +52,9 @@ def test_platform_tree_and_kubernetes_children(run_program: Callable[..., Record
         "tags": {"trainstack:stack": "minimal-aws", "trainstack:managed-by": "trainstack"}
     }
     services = rec.one("trainstack:k8s:PlatformServices", "p-services")
-    kube = [r for r in rec.records if r.type.startswith("kubernetes:")]
+    kube = [
+        r for r in rec.records if r.type.startswith("kubernetes:") and r.parent_urn == services.urn
+    ]
     assert {(r.type, r.inputs["metadata"]["name"]) for r in kube} == {
         ("kubernetes:core/v1:Namespace", "trainstack-system"),
         ("kubernetes:core/v1:Namespace", "vision"),

@@ -12,6 +12,8 @@ JOB = f"{PREFIX}/job"
 FABRIC = f"{PREFIX}/fabric"
 ROLE = f"{PREFIX}/role"
 OWNERS = f"{PREFIX}/owners"  # annotation: comma-separated owner emails
+# annotation on team namespaces: priority classes (short names) the team may use
+TEAM_PRIORITY_ANNOTATION = f"{PREFIX}/priority-classes"
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 PART_OF = "app.kubernetes.io/part-of"

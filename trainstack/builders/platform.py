@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from trainstack.builders import labels
+from trainstack.builders.labels import TEAM_PRIORITY_ANNOTATION
 from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig, Team
 
 PLATFORM_CONFIGMAP = "trainstack-platform"
@@ -43,7 +44,15 @@ def team_namespace(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
     }
     if team.group:
         team_labels[labels.GROUP] = team.group
-    return namespace(team.namespace, team_labels, {labels.OWNERS: ",".join(team.owners)})
+    return namespace(
+        team.namespace,
+        team_labels,
+        {
+            labels.OWNERS: ",".join(team.owners),
+            # Read by the queue-ownership admission policy (builders/scheduling.py).
+            TEAM_PRIORITY_ANNOTATION: ",".join(team.priority_classes),
+        },
+    )
 
 
 def registry_document(cfg: PlatformConfig) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any, cast
 import yaml
 
 from trainstack.builders.network import MAX_VPC_PREFIX
+from trainstack.builders.scheduling import capacity_issues
 from trainstack.config import model as m
 from trainstack.config.checks import dict_items, duplicate_names, size_issues
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean, join_path
@@ -53,7 +54,13 @@ def parse_stack_config(values: Mapping[str, Any], *, stack: str, source: str) ->
         raise ConfigError(source, issues)
     filled = apply_defaults(STACK_KINDS[key], document)
     if key == PLATFORM_KEY:
-        return _build_platform(filled, stack)
+        platform = _build_platform(filled, stack)
+        # Quota arithmetic needs the typed pools and teams, so it runs once the
+        # document itself is valid.
+        arithmetic = capacity_issues(platform)
+        if arithmetic:
+            raise ConfigError(source, arithmetic)
+        return platform
     return m.TeamStackConfig(
         stack=stack, team=filled["team"], platform_stack=filled["platformStack"]
     )
@@ -109,9 +116,17 @@ def _platform_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
         issues.extend(_aws_checks(aws, join_path(root, "aws")))
     registry = doc.get("registry")
     if isinstance(registry, Mapping):
-        issues.extend(_registry_checks(registry, join_path(root, "registry")))
+        issues.extend(_registry_checks(registry, join_path(root, "registry"), _pool_names(doc)))
     issues.extend(pool_checks(doc, root))
     return issues
+
+
+def _pool_names(doc: Mapping[str, Any]) -> set[str] | None:
+    """Names of the declared pools, or None when gpuPools itself is malformed."""
+    pools = doc.get("gpuPools", [])
+    if not isinstance(pools, list):
+        return None
+    return {p["name"] for _, p in dict_items(pools) if isinstance(p.get("name"), str)}
 
 
 def _aws_checks(aws: Mapping[str, Any], root: str) -> list[ConfigIssue]:
@@ -231,7 +246,52 @@ def _cluster_checks(cluster: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     return issues
 
 
-def _registry_checks(registry: Mapping[str, Any], root: str) -> list[ConfigIssue]:
+def _team_quota_and_pool_checks(
+    team: Mapping[str, Any], path: str, pool_names: set[str] | None
+) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    quota = team.get("quota")
+    if isinstance(quota, Mapping):
+        gpus, deserved = quota.get("gpus"), quota.get("deserved")
+        if isinstance(gpus, int) and isinstance(deserved, int) and deserved < gpus:
+            issues.append(
+                ConfigIssue(
+                    join_path(path, "quota", "deserved"),
+                    f"deserved {deserved} is below the guarantee gpus {gpus}; "
+                    "Volcano requires guarantee <= deserved <= capability",
+                )
+            )
+    pools = team.get("pools")
+    if isinstance(pools, list) and pool_names is not None:
+        for index, pool in enumerate(pools):
+            if isinstance(pool, str) and pool not in pool_names:
+                known = ", ".join(sorted(pool_names)) or "none defined"
+                issues.append(
+                    ConfigIssue(
+                        join_path(path, "pools", index),
+                        f"unknown pool {pool!r}{did_you_mean(pool, pool_names)}; "
+                        f"gpuPools has: {known}",
+                    )
+                )
+    wants_gpus = isinstance(quota, Mapping) and (
+        (isinstance(quota.get("gpus"), int) and quota["gpus"] > 0)
+        or (isinstance(quota.get("deserved"), int) and quota["deserved"] > 0)
+    )
+    usable = pool_names if pools is None else (set(pools) if isinstance(pools, list) else None)
+    if wants_gpus and usable is not None and not usable:
+        issues.append(
+            ConfigIssue(
+                join_path(path, "pools"),
+                f"team {team.get('name')!r} has a GPU quota but can use no pool; "
+                "add a pool to gpuPools or list one here",
+            )
+        )
+    return issues
+
+
+def _registry_checks(
+    registry: Mapping[str, Any], root: str, pool_names: set[str] | None
+) -> list[ConfigIssue]:
     groups = list(dict_items(registry.get("groups")))
     teams = list(dict_items(registry.get("teams")))
     groups_path, teams_path = join_path(root, "groups"), join_path(root, "teams")
@@ -248,6 +308,7 @@ def _registry_checks(registry: Mapping[str, Any], root: str) -> list[ConfigIssue
                     f"{name!r} is a reserved namespace; choose another team name",
                 )
             )
+        issues += _team_quota_and_pool_checks(team, join_path(teams_path, index), pool_names)
         if isinstance(group, str) and group not in group_names:
             known = ", ".join(sorted(group_names)) or "none defined"
             issues.append(
@@ -269,6 +330,8 @@ def _team_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
 
 
 def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
+    pools = build_pools(doc)
+    scheduling = doc["scheduling"]
     aws = doc.get("aws")
     existing = doc.get("existing")
     return m.PlatformConfig(
@@ -284,9 +347,14 @@ def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
             if existing is not None
             else None
         ),
-        registry=_build_registry(doc["registry"]),
+        registry=_build_registry(doc["registry"], tuple(p.name for p in pools)),
         gpu_device_plugin=doc["gpu"]["devicePlugin"],
-        gpu_pools=build_pools(doc),
+        gpu_pools=pools,
+        scheduling=m.Scheduling(
+            queue_mode=scheduling["queueMode"],
+            preemption=scheduling["preemption"],
+            topology_aware=scheduling["topologyAware"],
+        ),
     )
 
 
@@ -347,17 +415,30 @@ def _addons(pins: Mapping[str, str]) -> tuple[m.AddonPin, ...]:
     return tuple(m.AddonPin(name=n, version=pins.get(n)) for n in names)
 
 
-def _build_registry(doc: dict[str, Any]) -> m.Registry:
+def _build_registry(doc: dict[str, Any], pool_names: tuple[str, ...]) -> m.Registry:
     return m.Registry(
         groups=tuple(
-            m.Group(name=g["name"], owners=tuple(g.get("owners", ()))) for g in doc["groups"]
+            m.Group(
+                name=g["name"],
+                owners=tuple(g.get("owners", ())),
+                quota_gpus=g["quota"]["gpus"] if "quota" in g else None,
+            )
+            for g in doc["groups"]
         ),
         teams=tuple(
             m.Team(
                 name=t["name"],
                 group=t.get("group"),
                 owners=tuple(t["owners"]),
-                quota=m.TeamQuota(gpus=t["quota"]["gpus"]),
+                quota=m.TeamQuota(
+                    gpus=t["quota"]["gpus"],
+                    deserved=t["quota"].get("deserved"),
+                    borrow_limit=t["quota"]["borrowLimit"],
+                    reclaimable=t["quota"]["reclaimable"],
+                    weight=t["quota"]["weight"],
+                ),
+                pools=tuple(t.get("pools", pool_names)),
+                priority_classes=tuple(t["priorityClasses"]),
             )
             for t in doc["teams"]
         ),

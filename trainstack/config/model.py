@@ -23,15 +23,34 @@ RESERVED_NAMESPACES = frozenset(
 )
 
 
+PriorityName = Literal["critical", "high", "normal", "preemptible"]
+QueueMode = Literal["hierarchical", "flat"]
+
+
 @dataclass(frozen=True)
 class Group:
     name: str
     owners: tuple[str, ...]
+    quota_gpus: int | None = None  # guarantee for the whole group; None: sum of its teams
 
 
 @dataclass(frozen=True)
 class TeamQuota:
-    gpus: int
+    """A team's share in GPUs; other dimensions derive from its pools' per-GPU shape."""
+
+    gpus: int  # guarantee
+    deserved: int | None = None  # None: equal to the guarantee
+    borrow_limit: int = 0
+    reclaimable: bool = True
+    weight: int = 1
+
+    @property
+    def deserved_gpus(self) -> int:
+        return self.gpus if self.deserved is None else self.deserved
+
+    @property
+    def capability_gpus(self) -> int:
+        return self.deserved_gpus + self.borrow_limit
 
 
 @dataclass(frozen=True)
@@ -40,9 +59,15 @@ class Team:
     group: str | None
     owners: tuple[str, ...]
     quota: TeamQuota
+    pools: tuple[str, ...] = ()  # resolved: every pool when the config lists none
+    priority_classes: tuple[PriorityName, ...] = ("normal", "preemptible")
 
     @property
     def namespace(self) -> str:
+        return self.name
+
+    @property
+    def queue(self) -> str:
         return self.name
 
 
@@ -161,6 +186,8 @@ class ExistingPool:
     node_selector: tuple[tuple[str, str], ...]
     gpus_per_node: int
     nodes: int
+    cpus_per_node: int
+    memory_gib_per_node: int
     socket_ifname: str
     rdma: RdmaSettings | None
 
@@ -173,6 +200,13 @@ class GpuPool:
     fabric: Fabric
     aws: AwsPool | None = None
     existing: ExistingPool | None = None
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    queue_mode: QueueMode = "hierarchical"
+    preemption: bool = True
+    topology_aware: bool = True
 
 
 @dataclass(frozen=True)
@@ -190,6 +224,7 @@ class PlatformConfig:
     registry: Registry
     gpu_device_plugin: DevicePlugin = "nvidia-device-plugin"
     gpu_pools: tuple[GpuPool, ...] = ()
+    scheduling: Scheduling = Scheduling()
 
     def pool(self, name: str) -> GpuPool | None:
         return next((p for p in self.gpu_pools if p.name == name), None)

@@ -25,7 +25,15 @@ AWS_ONLY = (
     "size",
     "diskSizeGiB",
 )
-EXISTING_ONLY = ("nodeSelector", "gpusPerNode", "nodes", "rdma", "socketIfname")
+EXISTING_ONLY = (
+    "nodeSelector",
+    "gpusPerNode",
+    "nodes",
+    "rdma",
+    "socketIfname",
+    "cpusPerNode",
+    "memoryGiBPerNode",
+)
 
 
 def network_zones(doc: Mapping[str, Any]) -> set[str] | None:
@@ -206,7 +214,7 @@ def _existing_pool(pool: Mapping[str, Any], path: str) -> list[ConfigIssue]:
                 join_path(path, "fabric"), "efa exists only on AWS; use infiniband, roce or tcp"
             )
         )
-    for key in ("nodeSelector", "gpusPerNode", "nodes"):
+    for key in ("nodeSelector", "gpusPerNode", "nodes", "cpusPerNode", "memoryGiBPerNode"):
         if key not in pool:
             issues.append(
                 ConfigIssue(join_path(path, key), "required for a pool of existing nodes")
@@ -263,6 +271,8 @@ def build_pools(doc: Mapping[str, Any]) -> tuple[m.GpuPool, ...]:
                 node_selector=tuple(sorted(raw["nodeSelector"].items())),
                 gpus_per_node=raw["gpusPerNode"],
                 nodes=raw["nodes"],
+                cpus_per_node=raw["cpusPerNode"],
+                memory_gib_per_node=raw["memoryGiBPerNode"],
                 socket_ifname=raw["socketIfname"],
                 rdma=(
                     m.RdmaSettings(

@@ -1,0 +1,284 @@
+"""Volcano builders: capacity arithmetic (with property tests), queues, scheduler config."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainstack.builders import scheduling as s
+from trainstack.builders.pools import fabric_profile
+from trainstack.config import ConfigError, PlatformConfig, parse_stack_config
+from trainstack.config.model import Team
+
+POOLS = [
+    {
+        "name": "h100",
+        "instanceType": "p5.48xlarge",
+        "fabric": "efa",
+        "availabilityZone": "us-east-1a",
+        "size": {"max": 2},
+        "capacity": {"type": "reservation", "reservationId": "cr-0a1b2c3d4e5f60718"},
+    },
+    {
+        "name": "h200",
+        "instanceType": "p5en.48xlarge",
+        "fabric": "efa",
+        "availabilityZone": "us-east-1b",
+        "size": {"max": 1},
+    },
+    {
+        "name": "l40s",
+        "instanceType": "g6e.12xlarge",
+        "fabric": "tcp",
+        "size": {"max": 4},
+        "capacity": {"type": "spot"},
+    },
+]
+FIRM = {"h100": 16, "h200": 8, "l40s": 0}
+
+
+def config(
+    teams: list[dict[str, Any]], groups: list[dict[str, Any]] | None = None, **sched: Any
+) -> PlatformConfig:
+    doc = {
+        "cloud": "aws",
+        "kubernetesVersion": "1.33",
+        "aws": {
+            "region": "us-east-1",
+            "network": {
+                "vpcCidr": "10.0.0.0/16",
+                "availabilityZones": ["us-east-1a", "us-east-1b"],
+            },
+        },
+        "gpuPools": POOLS,
+        "registry": {"groups": groups or [], "teams": teams},
+        "scheduling": sched,
+    }
+    cfg = parse_stack_config({"trainstack:platform": doc}, stack="t", source="test")
+    assert isinstance(cfg, PlatformConfig)
+    return cfg
+
+
+def team(name: str, gpus: int, pools: list[str], **quota: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "owners": ["o@example.com"],
+        "quota": {"gpus": gpus, **quota},
+        "pools": pools,
+    }
+
+
+def test_hall_condition_catches_a_shared_pool_oversubscription() -> None:
+    # each team alone fits in h100 (16), together they do not
+    with pytest.raises(ConfigError) as caught:
+        config([team("a", 10, ["h100"]), team("b", 10, ["h100"]), team("c", 4, ["h200"])])
+    messages = [str(i) for i in caught.value.issues]
+    assert messages == [
+        "trainstack:platform.registry.teams: guarantees exceed capacity: a (10) + b (10) = 20 GPUs,"
+        " but pools h100 provide 16 firm GPUs; lower the guarantees or grow the pools"
+    ]
+
+
+def test_team_spanning_pools_may_use_their_union() -> None:
+    cfg = config([team("a", 20, ["h100", "h200"]), team("b", 4, ["h200"])])
+    assert s.capacity_summary(cfg) == {
+        "reserved": 16,
+        "onDemand": 8,
+        "spot": 16,
+        "existing": 0,
+        "total": 40,
+        "guaranteed": 24,
+        "deserved": 24,
+    }
+
+
+def test_every_dimension_is_covered_for_the_teams_pools() -> None:
+    cfg = config([team("a", 8, ["h100", "l40s"], deserved=10, borrowLimit=6)])
+    quotas = s.team_quotas(cfg, cfg.registry.teams[0])
+    for name in ("h100", "l40s"):
+        pool = cfg.pool(name)
+        assert pool is not None
+        requested = set(fabric_profile(pool).resources_for(fabric_profile(pool).gpus_per_node))
+        requested |= {"cpu", "memory"}
+        for level in ("guarantee", "deserved", "capability"):
+            assert requested <= set(quotas[level]), (name, level)
+    # p5: 24 vCPU, 256 GiB, 4 EFA, 640 MiB hugepages per GPU (the larger shape wins)
+    assert quotas["guarantee"] == {
+        "cpu": "192",
+        "hugepages-2Mi": "5120Mi",
+        "memory": "2048Gi",
+        "nvidia.com/gpu": "8",
+        "vpc.amazonaws.com/efa": "32",
+    }
+    assert quotas["capability"]["nvidia.com/gpu"] == "16"
+
+
+def test_hierarchy_sums_children_and_links_parents() -> None:
+    groups = [{"name": "research", "owners": ["r@example.com"], "quota": {"gpus": 16}}]
+    teams = [
+        {**team("a", 8, ["h100"], deserved=10), "group": "research"},
+        {**team("b", 4, ["h100"]), "group": "research"},
+        team("c", 4, ["h200"]),
+    ]
+    queues = {q["metadata"]["name"]: q["spec"] for q in s.queues(config(teams, groups))}
+    assert set(queues) == {"trainstack", "group-research", "a", "b", "c"}
+    assert queues["trainstack"]["parent"] == "root"
+    assert queues["group-research"]["parent"] == "trainstack"
+    assert (queues["a"]["parent"], queues["c"]["parent"]) == ("group-research", "trainstack")
+    assert queues["group-research"]["guarantee"]["resource"]["nvidia.com/gpu"] == "12"
+    assert queues["group-research"]["deserved"]["nvidia.com/gpu"] == "14"
+    assert queues["trainstack"]["guarantee"]["resource"]["nvidia.com/gpu"] == "16"
+
+
+def test_flat_mode_uses_proportion_and_no_parents() -> None:
+    cfg = config([team("a", 8, ["h100"])], queueMode="flat")
+    queues = s.queues(cfg)
+    assert [q["metadata"]["name"] for q in queues] == ["a"]
+    assert "parent" not in queues[0]["spec"]
+    plugins = [p["name"] for tier in s.scheduler_config(cfg)["tiers"] for p in tier["plugins"]]
+    assert "proportion" in plugins
+    assert "capacity" not in plugins
+
+
+def test_preemption_switches_actions_and_drops_enqueue() -> None:
+    on = s.scheduler_config(config([team("a", 8, ["h100"])]))
+    off = s.scheduler_config(config([team("a", 8, ["h100"])], preemption=False))
+    assert on["actions"] == "allocate, preempt, reclaim, backfill"
+    assert off["actions"] == "enqueue, allocate, backfill"
+    plugins = [p["name"] for tier in on["tiers"] for p in tier["plugins"]]
+    assert "capacity" in plugins
+    assert "proportion" not in plugins
+    assert "network-topology-aware" in plugins
+
+
+def test_hypernodes_follow_placement_groups_and_zones() -> None:
+    nodes = {
+        n["metadata"]["name"]: n["spec"] for n in s.hypernodes(config([team("a", 0, ["h100"])]))
+    }
+    assert set(nodes) == {"pool-h100", "pool-h200", "zone-us-east-1a", "zone-us-east-1b"}
+    member = nodes["pool-h100"]["members"][0]
+    assert member == {
+        "type": "Node",
+        "selector": {
+            "labelMatch": {"matchLabels": {"trainstack.io/placement-group": "trainstack-t-h100"}}
+        },
+    }
+    assert nodes["zone-us-east-1a"]["tier"] == 2
+    assert nodes["zone-us-east-1a"]["members"] == [
+        {"type": "HyperNode", "selector": {"exactMatch": {"name": "pool-h100"}}}
+    ]
+
+
+# -- against Volcano's own sources in the reference folder ------------------------------------
+
+
+def registered(reference: Path, what: str) -> set[str]:
+    facts = (reference / "volcano" / "FACTS.md").read_text(encoding="utf-8")
+    section = facts.split("## 6. Scheduler configuration", 1)[1].split("## 7.", 1)[0]
+    if what == "actions":
+        line = next(x for x in section.splitlines() if x.startswith("Registered actions"))
+        return set(re.findall(r"`([a-z-]+)`", line))
+    block = section.split("Registered plugins", 1)[1].split("Config schema", 1)[0]
+    return {p.strip() for x in block.splitlines() if x.startswith("- ") for p in x[2:].split(",")}
+
+
+@pytest.mark.parametrize("preemption", [True, False])
+@pytest.mark.parametrize("mode", ["hierarchical", "flat"])
+def test_scheduler_config_names_only_what_volcano_registers(
+    reference: Path, preemption: bool, mode: str
+) -> None:
+    cfg = config([team("a", 8, ["h100"])], preemption=preemption, queueMode=mode)
+    conf = s.scheduler_config(cfg)
+    actions = {a.strip() for a in conf["actions"].split(",")}
+    assert actions <= registered(reference, "actions")
+    plugins = {p["name"] for tier in conf["tiers"] for p in tier["plugins"]}
+    assert plugins <= registered(reference, "plugins")
+    assert registered(reference, "plugins") == s.VOLCANO_PLUGINS
+    assert registered(reference, "actions") == s.VOLCANO_ACTIONS
+
+
+def keys_exist(values: dict[str, Any], chart: dict[str, Any], path: str = "") -> list[str]:
+    missing = []
+    for key, value in values.items():
+        if key not in chart:
+            missing.append(f"{path}{key}")
+        elif isinstance(value, dict) and isinstance(chart[key], dict):
+            missing += keys_exist(value, chart[key], f"{path}{key}.")
+    return missing
+
+
+def test_volcano_values_use_only_chart_keys(reference: Path) -> None:
+    chart_values = yaml.safe_load((reference / "volcano" / "values.yaml").read_text())
+    chart = yaml.safe_load((reference / "volcano" / "Chart.yaml").read_text())
+    assert chart["version"] == s.VOLCANO_CHART["version"]
+    values = s.volcano_values(config([team("a", 8, ["h100"])]))
+    assert keys_exist(values, chart_values) == []
+    assert keys_exist({"custom": {"no_such_key": 1}}, chart_values) == ["custom.no_such_key"]
+
+
+# -- property tests ---------------------------------------------------------------------------
+
+team_strategy = st.tuples(
+    st.integers(min_value=0, max_value=20),  # guarantee
+    st.integers(min_value=0, max_value=8),  # extra deserved
+    st.integers(min_value=0, max_value=8),  # borrow limit
+    st.sets(st.sampled_from(sorted(FIRM)), min_size=1),
+)
+
+
+def hall_holds(teams: list[tuple[int, set[str]]]) -> bool:
+    """Independent check: every set of teams fits in the firm capacity of its pools."""
+    for size in range(1, len(teams) + 1):
+        for chosen in itertools.combinations(teams, size):
+            pools = set().union(*(p for _, p in chosen))
+            if sum(g for g, _ in chosen) > sum(FIRM[p] for p in pools):
+                return False
+    return True
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(team_strategy, min_size=1, max_size=5))
+def test_arithmetic_accepts_exactly_the_feasible_registries(
+    specs: list[tuple[int, int, int, set[str]]],
+) -> None:
+    teams = [
+        team(f"t{i}", g, sorted(pools), deserved=g + extra, borrowLimit=borrow)
+        for i, (g, extra, borrow, pools) in enumerate(specs)
+    ]
+    feasible = hall_holds([(g, pools) for g, _, _, pools in specs])
+    fair = sum(g + extra for g, extra, _, _ in specs) <= 40
+    cfg: PlatformConfig | None = None
+    rejected: list[str] = []
+    try:
+        cfg = config(teams)
+    except ConfigError as err:
+        rejected = [str(i) for i in err.issues]
+    if cfg is None:
+        assert not (feasible and fair), rejected
+        return
+    assert feasible
+    assert fair
+    for queue in s.queues(cfg):
+        spec = queue["spec"]
+        for dim, amount in spec["guarantee"]["resource"].items():
+            assert (
+                quantity(amount)
+                <= quantity(spec["deserved"][dim])
+                <= quantity(spec["capability"][dim])
+            )
+    members: list[Team] = list(cfg.registry.teams)
+    org = next(q for q in s.queues(cfg) if q["metadata"]["name"] == s.ORG_QUEUE)["spec"]
+    assert quantity(org["guarantee"]["resource"]["nvidia.com/gpu"]) == sum(
+        t.quota.gpus for t in members
+    )
+
+
+def quantity(value: str) -> int:
+    return int(value.rstrip("GiM"))

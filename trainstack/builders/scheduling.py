@@ -1,0 +1,547 @@
+"""Volcano as data: capacity arithmetic, queues, priority classes, scheduler config,
+HyperNodes and the queue-ownership admission policy.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from trainstack.builders import labels
+from trainstack.builders.fabric import GPU_RESOURCE, HUGEPAGES_RESOURCE
+from trainstack.builders.pools import (
+    PLACEMENT_GROUP,
+    fabric_profile,
+    gpus_per_node,
+    instance_of,
+    max_nodes,
+    placement_group_name,
+)
+from trainstack.config.errors import ConfigIssue
+from trainstack.config.model import GpuPool, PlatformConfig, Team
+
+VOLCANO_CHART = {
+    "chart": "volcano",
+    "version": "1.15.1",
+    "repo": "https://volcano-sh.github.io/helm-charts",
+}
+VOLCANO_NAMESPACE = "volcano-system"
+ORG_QUEUE = "trainstack"
+ROOT_QUEUE = "root"
+TEAM_PRIORITY_ANNOTATION = labels.TEAM_PRIORITY_ANNOTATION
+
+# name -> (value, preemption policy, description). Values leave room above for system pods.
+PRIORITY_CLASSES: dict[str, tuple[int, str, str]] = {
+    "critical": (100_000, "PreemptLowerPriority", "Deadline work; preempts everything below"),
+    "high": (10_000, "PreemptLowerPriority", "Important training; preempts normal and preemptible"),
+    "normal": (1_000, "PreemptLowerPriority", "Default for training jobs"),
+    "preemptible": (100, "Never", "Opportunistic work on idle GPUs; never preempts others"),
+}
+
+# What Volcano v1.15 registers (pkg/scheduler/framework); the config may name nothing else.
+VOLCANO_ACTIONS = frozenset(
+    {
+        "enqueue",
+        "allocate",
+        "backfill",
+        "preempt",
+        "reclaim",
+        "gangpreempt",
+        "gangreclaim",
+        "shuffle",
+    }
+)
+VOLCANO_PLUGINS = frozenset(
+    {
+        "drf", "gang", "deviceshare", "predicates", "priority", "nodeorder", "conformance",
+        "binpack", "resource-strategy-fit", "tdm", "overcommit", "sla", "task-topology",
+        "numa-aware", "cdp", "rescheduling", "usage", "pdb", "nodegroup",
+        "network-topology-aware", "proportion", "capacity", "extender", "resourcequota",
+    }
+)  # fmt: skip
+
+
+def priority_class_name(short: str) -> str:
+    return f"trainstack-{short}"
+
+
+# -- capacity ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolCapacity:
+    """GPUs a pool can provide at its maximum size, split by how they are bought."""
+
+    name: str
+    gpus: int
+    kind: str  # reserved | onDemand | spot | existing
+
+    @property
+    def firm(self) -> bool:
+        """Spot capacity can vanish at any time, so it cannot back a guarantee."""
+        return self.kind != "spot"
+
+
+def pool_capacity(pool: GpuPool) -> PoolCapacity:
+    gpus = gpus_per_node(pool) * max_nodes(pool)
+    if pool.aws is None:
+        return PoolCapacity(pool.name, gpus, "existing")
+    kind = pool.aws.capacity.type
+    return PoolCapacity(
+        pool.name, gpus, "reserved" if kind in ("reservation", "capacityBlock") else kind
+    )
+
+
+def capacity_summary(cfg: PlatformConfig) -> dict[str, int]:
+    caps = [pool_capacity(p) for p in cfg.gpu_pools]
+    summary = {
+        kind: sum(c.gpus for c in caps if c.kind == kind)
+        for kind in ("reserved", "onDemand", "spot", "existing")
+    }
+    summary["total"] = sum(c.gpus for c in caps)
+    summary["guaranteed"] = sum(t.quota.gpus for t in cfg.registry.teams)
+    summary["deserved"] = sum(t.quota.deserved_gpus for t in cfg.registry.teams)
+    return summary
+
+
+def _teams_text(teams: list[Team], attr: str = "gpus") -> str:
+    def amount(team: Team) -> int:
+        return team.quota.gpus if attr == "gpus" else team.quota.deserved_gpus
+
+    return " + ".join(f"{t.name} ({amount(t)})" for t in teams)
+
+
+def capacity_issues(cfg: PlatformConfig) -> list[ConfigIssue]:
+    """Quota arithmetic nobody else checks, with the teams and numbers in each message."""
+    issues: list[ConfigIssue] = []
+    teams = cfg.registry.teams
+    caps = {p.name: pool_capacity(p) for p in cfg.gpu_pools}
+    # Hall's condition: every set of teams must fit in the firm capacity of the union of
+    # their pools. Checking each pool subset S against the teams confined to S covers it.
+    names = sorted(caps)
+    reported: list[frozenset[str]] = []
+    for size in range(1, len(names) + 1):
+        for subset in itertools.combinations(names, size):
+            pools = frozenset(subset)
+            if any(seen <= pools for seen in reported):
+                continue  # a smaller violating set already explains this one
+            confined = [t for t in teams if t.pools and set(t.pools) <= pools]
+            need = sum(t.quota.gpus for t in confined)
+            firm = sum(caps[p].gpus for p in pools if caps[p].firm)
+            if need > firm:
+                spot = sum(caps[p].gpus for p in pools if not caps[p].firm)
+                spot_note = f"; spot ({spot}) cannot back a guarantee" if spot else ""
+                issues.append(
+                    ConfigIssue(
+                        "trainstack:platform.registry.teams",
+                        f"guarantees exceed capacity: {_teams_text(confined)} = {need} GPUs, "
+                        f"but pools {', '.join(sorted(pools))} provide {firm} firm GPUs"
+                        f"{spot_note}; lower the guarantees or grow the pools",
+                    )
+                )
+                reported.append(pools)
+    total = sum(c.gpus for c in caps.values())
+    deserved = sum(t.quota.deserved_gpus for t in teams)
+    if caps and deserved > total:
+        issues.append(
+            ConfigIssue(
+                "trainstack:platform.registry.teams",
+                f"deserved shares exceed capacity: {_teams_text(list(teams), 'deserved')} = "
+                f"{deserved} GPUs, but all pools provide {total}; fair shares could never "
+                "be honoured",
+            )
+        )
+    for index, group in enumerate(cfg.registry.groups):
+        children = [t for t in teams if t.group == group.name]
+        need = sum(t.quota.gpus for t in children)
+        if group.quota_gpus is not None and group.quota_gpus < need:
+            issues.append(
+                ConfigIssue(
+                    f"trainstack:platform.registry.groups[{index}].quota.gpus",
+                    f"group {group.name} guarantees {group.quota_gpus} GPUs but its teams "
+                    f"{_teams_text(children)} = {need}; a parent's guarantee must cover "
+                    "its children's",
+                )
+            )
+    return issues
+
+
+# -- resource lists --------------------------------------------------------------------
+
+
+def per_gpu_shape(cfg: PlatformConfig, team: Team) -> dict[str, float]:
+    """The largest per-GPU amount of each resource a job may request on the team's pools.
+
+    Quotas in GPUs become quotas in every dimension with this shape, so no dimension a
+    job requests is left uncovered (a Volcano capacity-plugin pitfall).
+    """
+    shape: dict[str, float] = {GPU_RESOURCE: 1.0}
+    for name in team.pools:
+        pool = cfg.pool(name)
+        assert pool is not None, "the loader guarantees team pools exist"
+        gpus = gpus_per_node(pool)
+        if pool.aws is not None:
+            instance = instance_of(pool)
+            cpu, memory = instance.vcpu, instance.memory_gib
+        else:
+            assert pool.existing is not None
+            cpu, memory = pool.existing.cpus_per_node, pool.existing.memory_gib_per_node
+        profile = fabric_profile(pool)
+        per = {"cpu": cpu / gpus, "memory": memory / gpus}
+        per |= {k: v / gpus for k, v in profile.devices_per_node.items()}
+        per |= dict.fromkeys(profile.shared_devices, 1.0)
+        if profile.hugepages_mi_per_node:
+            per[HUGEPAGES_RESOURCE] = profile.hugepages_mi_per_node / gpus
+        for key, value in per.items():
+            shape[key] = max(shape.get(key, 0.0), value)
+    return shape
+
+
+def resource_list(shape: dict[str, float], gpus: int) -> dict[str, str]:
+    """Kubernetes quantities for `gpus` GPUs of the given shape (rounded up)."""
+    out: dict[str, str] = {}
+    for key, per in sorted(shape.items()):
+        amount = math.ceil(per * gpus)
+        if key == "memory":
+            out[key] = f"{amount}Gi"
+        elif key == HUGEPAGES_RESOURCE:
+            out[key] = f"{amount}Mi"
+        else:
+            out[key] = str(amount)
+    return out
+
+
+def team_quotas(cfg: PlatformConfig, team: Team) -> dict[str, dict[str, str]]:
+    shape = per_gpu_shape(cfg, team)
+    return {
+        "guarantee": resource_list(shape, team.quota.gpus),
+        "deserved": resource_list(shape, team.quota.deserved_gpus),
+        "capability": resource_list(shape, team.quota.capability_gpus),
+    }
+
+
+def _sum_lists(lists: list[dict[str, str]]) -> dict[str, str]:
+    totals: dict[str, int] = {}
+    units: dict[str, str] = {}
+    for resources in lists:
+        for key, quantity in resources.items():
+            digits = quantity.rstrip("GiM")
+            units[key] = quantity[len(digits) :]
+            totals[key] = totals.get(key, 0) + int(digits)
+    return {k: f"{totals[k]}{units[k]}" for k in sorted(totals)}
+
+
+# -- manifests -------------------------------------------------------------------------------
+
+
+def group_queue(name: str) -> str:
+    return f"group-{name}"
+
+
+def _queue(
+    cfg: PlatformConfig, name: str, spec: dict[str, Any], extra_labels: dict[str, str]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "Queue",
+        "metadata": {"name": name, "labels": {**labels.base_labels(cfg.stack), **extra_labels}},
+        "spec": spec,
+    }
+
+
+def queues(cfg: PlatformConfig) -> list[dict[str, Any]]:
+    """Organisation → group → team queues (hierarchical), or team queues alone (flat)."""
+    hierarchical = cfg.scheduling.queue_mode == "hierarchical"
+    team_specs: dict[str, dict[str, Any]] = {}
+    for team in cfg.registry.teams:
+        quotas = team_quotas(cfg, team)
+        spec: dict[str, Any] = {
+            "weight": team.quota.weight,
+            "reclaimable": team.quota.reclaimable,
+            "deserved": quotas["deserved"],
+            "guarantee": {"resource": quotas["guarantee"]},
+            "capability": quotas["capability"],
+        }
+        if hierarchical:
+            spec["parent"] = group_queue(team.group) if team.group else ORG_QUEUE
+        team_specs[team.name] = spec
+    result = []
+    if hierarchical:
+        everything = [s["capability"] for s in team_specs.values()]
+        result.append(
+            _queue(
+                cfg,
+                ORG_QUEUE,
+                {
+                    "parent": ROOT_QUEUE,
+                    "reclaimable": False,
+                    "deserved": _sum_lists([s["deserved"] for s in team_specs.values()]),
+                    "guarantee": {
+                        "resource": _sum_lists(
+                            [s["guarantee"]["resource"] for s in team_specs.values()]
+                        )
+                    },
+                    "capability": _sum_lists(everything),
+                },
+                {labels.ROLE: "organisation"},
+            )
+        )
+        for group in cfg.registry.groups:
+            members = [team_specs[t.name] for t in cfg.registry.teams if t.group == group.name]
+            if not members:
+                continue
+            result.append(
+                _queue(
+                    cfg,
+                    group_queue(group.name),
+                    {
+                        "parent": ORG_QUEUE,
+                        "reclaimable": True,
+                        "deserved": _sum_lists([s["deserved"] for s in members]),
+                        "guarantee": {
+                            "resource": _sum_lists([s["guarantee"]["resource"] for s in members])
+                        },
+                        "capability": _sum_lists([s["capability"] for s in members]),
+                    },
+                    {labels.ROLE: "group", labels.GROUP: group.name},
+                )
+            )
+    for team in cfg.registry.teams:
+        extra = {labels.ROLE: "team", labels.TEAM: team.name}
+        if team.group:
+            extra[labels.GROUP] = team.group
+        result.append(_queue(cfg, team.queue, team_specs[team.name], extra))
+    return result
+
+
+def priority_classes(cfg: PlatformConfig) -> list[dict[str, Any]]:
+    return [
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {
+                "name": priority_class_name(name),
+                "labels": labels.base_labels(cfg.stack),
+            },
+            "value": value,
+            "preemptionPolicy": policy,
+            "globalDefault": False,
+            "description": description,
+        }
+        for name, (value, policy, description) in PRIORITY_CLASSES.items()
+    ]
+
+
+def topology_enabled(cfg: PlatformConfig) -> bool:
+    return cfg.scheduling.topology_aware and bool(hypernodes(cfg))
+
+
+def scheduler_config(cfg: PlatformConfig) -> dict[str, Any]:
+    """The scheduler configuration for training, explained in docs/scheduling.md."""
+    preempt = cfg.scheduling.preemption
+    # enqueue conflicts with preempt/reclaim (volcano#4756) and hides gang pods from
+    # cluster autoscalers, so it is used only when nothing is preempted.
+    actions = (
+        ["allocate", "preempt", "reclaim", "backfill"]
+        if preempt
+        else ["enqueue", "allocate", "backfill"]
+    )
+    share = (
+        {"name": "capacity", "enableHierarchy": True}
+        if cfg.scheduling.queue_mode == "hierarchical"
+        else {"name": "proportion"}
+    )
+    tier2: list[dict[str, Any]] = [
+        {"name": "drf", "enablePreemptable": False},
+        {"name": "predicates"},
+        share,
+        {"name": "nodeorder"},
+        {
+            "name": "binpack",
+            "arguments": {
+                "binpack.resources": GPU_RESOURCE,
+                f"binpack.resources.{GPU_RESOURCE}": 10,
+            },
+        },
+    ]
+    if not preempt:
+        tier2.insert(0, {"name": "overcommit"})
+    if topology_enabled(cfg):
+        tier2.append(
+            {
+                "name": "network-topology-aware",
+                "arguments": {"weight": 10, "hypernode.binpack.resources": GPU_RESOURCE},
+            }
+        )
+    return {
+        "actions": ", ".join(actions),
+        "tiers": [
+            {
+                "plugins": [
+                    {"name": "priority"},
+                    {"name": "gang", "enablePreemptable": False},
+                    {"name": "conformance"},
+                ]
+            },
+            {"plugins": tier2},
+        ],
+    }
+
+
+def volcano_values(cfg: PlatformConfig) -> dict[str, Any]:
+    """Only keys that exist in the chart's values.yaml (checked in tests)."""
+    return {
+        "custom": {
+            "scheduler_config_override": yaml.safe_dump(scheduler_config(cfg), sort_keys=False),
+            "scheduler_metrics_enable": True,
+            "controller_metrics_enable": True,
+            "default_ns": {labels.ROLE: "system"} if cfg.cloud == "aws" else None,
+            "leader_elect_enable": True,
+            "scheduler_replicas": 2 if cfg.environment == "production" else 1,
+        }
+    }
+
+
+def hypernodes(cfg: PlatformConfig) -> list[dict[str, Any]]:
+    """Tier 1: one per pool (a placement group or the pool's nodes); tier 2: per zone."""
+    result: list[dict[str, Any]] = []
+    zones: dict[str, list[str]] = {}
+    for pool in cfg.gpu_pools:
+        if pool.aws is not None:
+            if not pool.aws.placement_group:
+                continue  # no topology guarantee inside a pool that spans zones
+            match = {PLACEMENT_GROUP: placement_group_name(cfg.cluster_name, pool)}
+            zones.setdefault(str(pool.aws.availability_zone), []).append(pool.name)
+        else:
+            assert pool.existing is not None
+            match = dict(pool.existing.node_selector)
+            zones.setdefault("cluster", []).append(pool.name)
+        result.append(
+            _hypernode(cfg, f"pool-{pool.name}", 1, "pool", [
+                {"type": "Node", "selector": {"labelMatch": {"matchLabels": match}}}
+            ])
+        )  # fmt: skip
+    for zone, pools in sorted(zones.items()):
+        members = [
+            {"type": "HyperNode", "selector": {"exactMatch": {"name": f"pool-{p}"}}}
+            for p in sorted(pools)
+        ]
+        result.append(_hypernode(cfg, f"zone-{zone}", 2, "zone", members))
+    return result
+
+
+def _hypernode(
+    cfg: PlatformConfig, name: str, tier: int, tier_name: str, members: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "topology.volcano.sh/v1alpha1",
+        "kind": "HyperNode",
+        "metadata": {"name": name, "labels": labels.base_labels(cfg.stack)},
+        "spec": {"tier": tier, "tierName": tier_name, "members": members},
+    }
+
+
+# The svc job plugin otherwise creates an ingress-only NetworkPolicy per job that blocks
+# Prometheus from scraping trainers; team namespaces get their own policy instead.
+SVC_PLUGIN_ARGS = ("--disable-network-policy=true",)
+
+QUEUE_POLICY = "trainstack-queue-ownership"
+
+
+def queue_ownership_policy(cfg: PlatformConfig) -> list[dict[str, Any]]:
+    """A team namespace may submit only to its own queue, at priorities it is allowed."""
+    team_label = labels.TEAM
+    ns = "namespaceObject.metadata"
+    owns_queue = (
+        f"has({ns}.labels) && '{team_label}' in {ns}.labels && "
+        f"has(object.spec.queue) && object.spec.queue == {ns}.labels['{team_label}']"
+    )
+    allowed_priority = (
+        "!has(object.spec.priorityClassName) || object.spec.priorityClassName == '' || "
+        f"(has({ns}.annotations) && '{TEAM_PRIORITY_ANNOTATION}' in {ns}.annotations && "
+        f"{ns}.annotations['{TEAM_PRIORITY_ANNOTATION}'].split(',')"
+        ".exists(c, 'trainstack-' + c == object.spec.priorityClassName))"
+    )
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": QUEUE_POLICY, "labels": labels.base_labels(cfg.stack)},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["batch.volcano.sh"],
+                        "apiVersions": ["v1alpha1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["jobs"],
+                    },
+                    {
+                        "apiGroups": ["scheduling.volcano.sh"],
+                        "apiVersions": ["v1beta1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["podgroups"],
+                    },
+                ]
+            },
+            "validations": [
+                {
+                    "expression": owns_queue,
+                    "messageExpression": (
+                        "'queue ' + (has(object.spec.queue) ? object.spec.queue : 'default') + "
+                        f"' is not this namespace\\'s queue; use ' + {ns}.labels['{team_label}']"
+                    ),
+                    "reason": "Forbidden",
+                },
+                {
+                    "expression": allowed_priority,
+                    "message": "this team may not use that priority class",
+                    "reason": "Forbidden",
+                },
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": QUEUE_POLICY, "labels": labels.base_labels(cfg.stack)},
+        "spec": {
+            "policyName": QUEUE_POLICY,
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {labels.ROLE: "team"}},
+            },
+        },
+    }
+    return [policy, binding]
+
+
+def scheduling_output(cfg: PlatformConfig) -> dict[str, Any]:
+    """Queues, priority classes and derived quotas, for team stacks and PR previews."""
+    return {
+        "queueMode": cfg.scheduling.queue_mode,
+        "queues": {t.name: t.queue for t in cfg.registry.teams},
+        "priorityClasses": {
+            name: {"className": priority_class_name(name), "value": value}
+            for name, (value, _, _) in PRIORITY_CLASSES.items()
+        },
+        "teams": {
+            t.name: {
+                "queue": t.queue,
+                "pools": list(t.pools),
+                "priorityClasses": [priority_class_name(p) for p in t.priority_classes],
+                "gpus": {
+                    "guarantee": t.quota.gpus,
+                    "deserved": t.quota.deserved_gpus,
+                    "capability": t.quota.capability_gpus,
+                },
+                "quota": team_quotas(cfg, t),
+            }
+            for t in cfg.registry.teams
+        },
+        "capacity": capacity_summary(cfg),
+    }
