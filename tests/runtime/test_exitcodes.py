@@ -39,6 +39,7 @@ def test_contract_partition() -> None:
     assert not is_retryable(2)
     assert is_retryable(143)  # unknown 128+signal
     assert not is_retryable(42)
+    assert not is_retryable(ExitCode.DEADLINE_EXCEEDED)
 
 
 def test_contract_imports_without_torch() -> None:

@@ -24,6 +24,7 @@ class ExitCode(IntEnum):
     STORAGE = 202  # EIO/ESTALE/ETIMEDOUT on the checkpoint or data path
     PREEMPTED = 203  # SIGTERM: emergency checkpoint taken, resume on restart
     PEER_LOST = 204  # a peer process or node vanished (connection closed/reset, store gone)
+    DEADLINE_EXCEEDED = 4  # the job's maximum duration passed: checkpointed, do not retry
 
 
 RETRYABLE: Final[frozenset[ExitCode]] = frozenset(
@@ -37,7 +38,7 @@ RETRYABLE: Final[frozenset[ExitCode]] = frozenset(
     }
 )
 FATAL: Final[frozenset[ExitCode]] = frozenset(
-    {ExitCode.USER_ERROR, ExitCode.CONFIG_ERROR, ExitCode.DEVICE_OOM}
+    {ExitCode.USER_ERROR, ExitCode.CONFIG_ERROR, ExitCode.DEVICE_OOM, ExitCode.DEADLINE_EXCEEDED}
 )
 
 # Human-readable class names, used in the termination message and in docs.
@@ -52,6 +53,7 @@ EXIT_CLASS: Final[dict[ExitCode, str]] = {
     ExitCode.STORAGE: "storage",
     ExitCode.PREEMPTED: "preempted",
     ExitCode.PEER_LOST: "peer_lost",
+    ExitCode.DEADLINE_EXCEEDED: "deadline_exceeded",
 }
 
 # Codes after which the node itself is suspect (the job layer may cordon it).
@@ -97,6 +99,7 @@ ENV_MAX_RESTARTS: Final = "TRAINSTACK_MAX_RESTARTS"
 ENV_SHUTDOWN_TIMEOUT_S: Final = "TRAINSTACK_SHUTDOWN_TIMEOUT_S"
 ENV_VOLCANO_MASTER_TASK: Final = "TRAINSTACK_VOLCANO_MASTER_TASK"
 ENV_VOLCANO_WORKER_TASK: Final = "TRAINSTACK_VOLCANO_WORKER_TASK"
+ENV_MAX_DURATION_S: Final = "TRAINSTACK_MAX_DURATION_S"  # job deadline, across restarts
 ENV_FAULT: Final = "TRAINSTACK_FAULT"  # chaos testing only, see faults.py
 
 # --- Prometheus metrics served on /metrics (all gauges/counters carry a `rank` label) ----

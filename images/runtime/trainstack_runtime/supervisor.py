@@ -28,6 +28,9 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from .contract import (
+    CHECKPOINT_DIR_DEFAULT,
+    ENV_CHECKPOINT_DIR,
+    ENV_MAX_DURATION_S,
     ENV_MAX_RESTARTS,
     ENV_RUN_DIR,
     ENV_SHUTDOWN_TIMEOUT_S,
@@ -37,6 +40,7 @@ from .contract import (
     TERMINATION_LOG_DEFAULT,
     ExitCode,
 )
+from .deadline import DeadlineWatch, job_start
 from .exitcodes import ConfigError, Outcome, classify_failures, classify_text
 from .health import HealthPolicy, configured_port, progress_dir, serve
 from .topology import NodePlan, TopologyError, node_plan
@@ -55,6 +59,23 @@ def supervise(config: LaunchConfig, argv: list[str], run_dir: Path) -> Outcome:
         return classify_failures(exc.failures, run_dir)
     except Exception as exc:  # rendezvous or launcher failure before/between workers
         return Outcome(classify_text(repr(exc), default=ExitCode.COMM_ERROR), cause=repr(exc))
+
+
+def supervise_until(
+    watch: DeadlineWatch | None, config: LaunchConfig, argv: list[str], run_dir: Path
+) -> Outcome:
+    """`supervise`, stopped at the job's maximum duration if it has one."""
+    if watch is None:
+        return supervise(config, argv, run_dir)
+    if watch.remaining <= 0:
+        return Outcome(ExitCode.DEADLINE_EXCEEDED, cause="maximum duration already passed")
+    watch.start()
+    outcome = supervise(config, argv, run_dir)
+    watch.stop()
+    if watch.fired.is_set() and outcome.code in (ExitCode.PREEMPTED, ExitCode.OK):
+        # The SIGTERM was ours: the workers checkpointed; the job must not retry.
+        return Outcome(ExitCode.DEADLINE_EXCEEDED, cause="maximum duration reached")
+    return outcome
 
 
 def launch_config(plan: NodePlan, *, max_restarts: int, shutdown_timeout: int) -> LaunchConfig:
@@ -84,6 +105,19 @@ def write_termination_log(message: str) -> None:
             fh.write(message + "\n")
     except OSError as err:  # outside Kubernetes there may be no such file
         log.debug("termination log %s not written: %s", path, err)
+
+
+def _deadline_watch() -> DeadlineWatch | None:
+    """A watch on the job's maximum duration, if the job layer set one."""
+    raw = os.environ.get(ENV_MAX_DURATION_S)
+    if not raw:
+        return None
+    try:
+        limit = float(raw)
+    except ValueError as err:
+        raise ConfigError(f"{ENV_MAX_DURATION_S}={raw!r} is not a number of seconds") from err
+    root = Path(os.environ.get(ENV_CHECKPOINT_DIR) or CHECKPOINT_DIR_DEFAULT)
+    return DeadlineWatch(job_start(root) + limit)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -123,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if not Path(args.script).is_file():
             raise ConfigError(f"training script {args.script} not found")
+        watch = _deadline_watch()
     except (ConfigError, TopologyError) as err:
         outcome = Outcome(ExitCode.CONFIG_ERROR, cause=str(err))
         log.error("%s", err)
@@ -157,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         plan.rdzv_backend,
         plan.rdzv_endpoint,
     )
-    outcome = supervise(config, [args.script, *script_args], run_dir)
+    outcome = supervise_until(watch, config, [args.script, *script_args], run_dir)
     message = outcome.termination_message()
     write_termination_log(message)
     print(f"trainstack verdict: {message}", file=sys.stderr, flush=True)
