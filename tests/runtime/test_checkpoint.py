@@ -250,3 +250,33 @@ def test_loader_position_round_trip() -> None:
             assert torch.equal(x, y)
     with pytest.raises(ConfigError):
         ResumableLoader(data, 3, rank=0, world_size=4, seed=1).load_state_dict(a.state_dict())
+
+
+def test_time_based_interval_is_checked_every_n_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("trainstack_runtime.checkpoint.time.monotonic", lambda: clock[0])
+    mgr = _manager(tmp_path, interval_s=600.0, check_every=10)
+    clock[0] += 599
+    assert not mgr.should_save(10)  # not yet due
+    clock[0] += 2
+    assert not mgr.should_save(11)  # due, but only checked every 10 steps
+    assert mgr.should_save(20)
+    mgr._last_save_clock = clock[0]  # what save() records
+    assert not mgr.should_save(30)
+    clock[0] += 600
+    assert mgr.should_save(30)
+
+
+def test_interval_config_from_env(tmp_path: Path) -> None:
+    cfg = CheckpointConfig.from_env(
+        {
+            "TRAINSTACK_CHECKPOINT_DIR": str(tmp_path),
+            "TRAINSTACK_CHECKPOINT_INTERVAL_S": "600",
+            "TRAINSTACK_CHECKPOINT_KEEP": "3",
+        }
+    )
+    assert (cfg.interval_s, cfg.check_every, cfg.keep, cfg.every) == (600.0, 10, 3, 0)
+    with pytest.raises(ConfigError, match="TRAINSTACK_CHECKPOINT_INTERVAL_S"):
+        CheckpointConfig.from_env({"TRAINSTACK_CHECKPOINT_INTERVAL_S": "-1"})

@@ -60,8 +60,10 @@ import torch.distributed as dist
 
 from .contract import (
     CHECKPOINT_DIR_DEFAULT,
+    ENV_CHECKPOINT_CHECK_EVERY,
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_EVERY,
+    ENV_CHECKPOINT_INTERVAL_S,
     ENV_CHECKPOINT_KEEP,
     ENV_CHECKPOINT_LOCAL_DIR,
     ENV_COMMIT_TIMEOUT_S,
@@ -103,6 +105,8 @@ class CheckpointConfig:
     root: Path = Path(CHECKPOINT_DIR_DEFAULT)
     local_root: Path | None = None
     every: int = 0  # 0: only on demand (preemption, end of training)
+    interval_s: float = 0.0  # also checkpoint when this much time has passed (0: off)
+    check_every: int = 10  # steps between the ranks' agreement on a time-based save
     keep: int = KEEP_LAST_DEFAULT
     commit_timeout_s: float = 600.0
 
@@ -124,6 +128,8 @@ class CheckpointConfig:
             root=Path(env.get(ENV_CHECKPOINT_DIR) or CHECKPOINT_DIR_DEFAULT),
             local_root=Path(local) if local else None,
             every=int(num(ENV_CHECKPOINT_EVERY, 0)),
+            interval_s=num(ENV_CHECKPOINT_INTERVAL_S, 0.0),
+            check_every=int(num(ENV_CHECKPOINT_CHECK_EVERY, 10)),
             keep=int(num(ENV_CHECKPOINT_KEEP, KEEP_LAST_DEFAULT)),
             commit_timeout_s=num(ENV_COMMIT_TIMEOUT_S, 600.0),
         )
@@ -133,6 +139,10 @@ class CheckpointConfig:
     def validate(self) -> None:
         if self.every < 0:
             raise ConfigError(f"{ENV_CHECKPOINT_EVERY} must be >= 0")
+        if self.interval_s < 0:
+            raise ConfigError(f"{ENV_CHECKPOINT_INTERVAL_S} must be >= 0")
+        if self.check_every < 1:
+            raise ConfigError(f"{ENV_CHECKPOINT_CHECK_EVERY} must be >= 1")
         if self.keep < 1:
             raise ConfigError(f"{ENV_CHECKPOINT_KEEP} must be >= 1 (2+ recommended)")
         if self.commit_timeout_s <= 0:
@@ -417,6 +427,12 @@ class CheckpointManager:
             self._group = dist.new_group(
                 backend="gloo", timeout=timedelta(seconds=config.commit_timeout_s)
             )
+        self._clock_group: Any = None
+        if self._dist() and config.interval_s > 0:
+            # Separate from the writer thread's group: collectives on one group must not
+            # interleave between threads.
+            self._clock_group = dist.new_group(backend="gloo")
+        self._last_save_clock = time.monotonic()
         self.last_saved_step = -1
         self.last_commit_step = -1
         self.last_commit_time = 0.0
@@ -536,7 +552,18 @@ class CheckpointManager:
 
     # ---- save ----
     def should_save(self, step: int) -> bool:
-        return self.config.every > 0 and step % self.config.every == 0
+        """Every `every` steps, and when `interval_s` has passed (checked every
+        `check_every` steps, by all ranks together so that they save the same step)."""
+        if self.config.every > 0 and step % self.config.every == 0:
+            return True
+        if self.config.interval_s <= 0 or step % self.config.check_every:
+            return False
+        due = time.monotonic() - self._last_save_clock >= self.config.interval_s
+        if self._clock_group is None:
+            return due
+        flag = torch.tensor([1 if due else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._clock_group)
+        return int(flag.item()) == 1
 
     def in_flight(self) -> bool:
         return self._job is not None and not (self._job.future and self._job.future.done())
@@ -545,6 +572,7 @@ class CheckpointManager:
         """Start a checkpoint of ``state`` at ``step``. Blocks only for back-pressure, the
         snapshot of Python state and buffers, and (if ``blocking``) the commit."""
         t0 = time.perf_counter()
+        self._last_save_clock = time.monotonic()
         self.wait()  # back-pressure: one save in flight; surfaces background errors
         if step == self.last_saved_step:
             self.last_stall_s = time.perf_counter() - t0
