@@ -1,7 +1,7 @@
 """Container entrypoint: launch the workers in-process and exit with a classified code.
 
     python -m trainstack_runtime.supervisor [--nproc-per-node N] [--max-restarts R] \\
-        -- train/main.py --steps 1000
+        -- train/main.py --steps 1000        (or: -- -m train.main --steps 1000)
 
 Plain ``torchrun`` exits 1 for every worker failure, so retryable and fatal failures look the
 same to the scheduler. This wraps ``elastic_launch`` instead, maps each failed rank's exit
@@ -155,7 +155,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.shutdown_timeout is not None
             else _env_int(ENV_SHUTDOWN_TIMEOUT_S, SHUTDOWN_TIMEOUT_S_DEFAULT)
         )
-        if not Path(args.script).is_file():
+        if args.script == "-m":
+            # `-- -m package.module args…`: run a module, as `python -m` would.
+            if not script_args:
+                raise ConfigError("-m needs a module name")
+        elif not Path(args.script).is_file():
             raise ConfigError(f"training script {args.script} not found")
         watch = _deadline_watch()
     except (ConfigError, TopologyError) as err:
