@@ -8,10 +8,10 @@ STAMP  := $(VENV)/.installed-stamp
 .PHONY: setup preview test lint typecheck unit faults goldens bench-runtime clean
 
 # Reinstall only when the dependency declarations change.
-$(STAMP): pyproject.toml images/runtime/pyproject.toml
+$(STAMP): pyproject.toml images/runtime/pyproject.toml images/prewarm/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]' -e images/runtime
+	$(BIN)/python -m pip install -q -e '.[dev]' -e images/runtime -e images/prewarm
 	touch $@
 
 setup: $(STAMP)

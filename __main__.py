@@ -1,11 +1,14 @@
 """Pulumi entry point for every trainstack stack: load config, pick platform or team, export."""
 
+from pathlib import Path
+
 import pulumi
 
 from components.platform import Platform
 from components.team import TeamStack
 from trainstack import outputs as out
 from trainstack.config import ConfigError, PlatformConfig
+from trainstack.jobs.files import load_jobs
 from trainstack.program import load_pulumi_config
 
 try:
@@ -19,7 +22,12 @@ if isinstance(config, PlatformConfig):
     for key, value in platform.outputs.exports().items():
         pulumi.export(key, value)
 else:
-    team = TeamStack(f"team-{config.team}", config)
+    try:
+        jobs = load_jobs(Path.cwd(), config.jobs, f"stack {config.stack}")
+    except ConfigError as err:
+        raise pulumi.RunError(str(err)) from None
+    team = TeamStack(f"team-{config.team}", config, jobs=tuple(jobs))
+    pulumi.export(out.JOBS, [job.name for job in jobs])
     pulumi.export(out.TEAM, config.team)
     pulumi.export(out.NAMESPACE, team.namespace)
     pulumi.export(out.PLATFORM_STACK, config.platform_stack)

@@ -10,14 +10,18 @@ import pulumi_aws as aws
 from components.eks import EksCluster, EksClusterArgs
 from components.existing import ExistingCluster
 from components.gpu import GpuNodePool, GpuNodePoolArgs, GpuPlugins, GpuPluginsArgs
+from components.monitoring import Monitoring, MonitoringArgs
 from components.network import Network, NetworkArgs
 from components.scheduling import Volcano, VolcanoArgs
 from components.services import PlatformServices, PlatformServicesArgs
+from components.storage import AwsContext, PlatformStorage, PlatformStorageArgs
 from trainstack import outputs as out
 from trainstack.builders import labels
+from trainstack.builders.monitoring import monitoring_output
 from trainstack.builders.platform import registry_document
 from trainstack.builders.pools import pool_output
 from trainstack.builders.scheduling import scheduling_output
+from trainstack.builders.storage import storage_output
 from trainstack.config.model import PlatformConfig
 
 
@@ -42,6 +46,8 @@ class PlatformOutputs:
     kube_context: str | None = None
     gpu_pools: list[dict[str, object]] = field(default_factory=list)
     scheduling: dict[str, object] = field(default_factory=dict)
+    monitoring: dict[str, object] = field(default_factory=dict)
+    storage: dict[str, object] = field(default_factory=dict)
 
     def exports(self) -> dict[str, object]:
         """Stack exports by contract name; cloud-specific ones only where they exist."""
@@ -55,6 +61,8 @@ class PlatformOutputs:
             out.REGISTRY: self.registry,
             out.GPU_POOLS: self.gpu_pools,
             out.SCHEDULING: self.scheduling,
+            out.MONITORING: self.monitoring,
+            out.STORAGE: self.storage,
         }
         if self.cloud == "aws":
             values |= {
@@ -99,6 +107,14 @@ class Platform(pulumi.ComponentResource):
                 pulumi.ResourceOptions(parent=self),
             )
             k8s_provider = cluster.k8s_provider
+            aws_context: AwsContext | None = AwsContext(
+                provider=provider,
+                vpc_id=network.vpc_id,
+                subnets=network.private_subnets,
+                node_security_group_id=cluster.cluster.vpc_config.cluster_security_group_id,
+                oidc_provider_arn=cluster.oidc_provider.arn,
+                oidc_issuer_url=cluster.oidc_provider.url,
+            )
             for pool in cfg.gpu_pools:
                 assert pool.aws is not None
                 zone = pool.aws.availability_zone
@@ -135,6 +151,7 @@ class Platform(pulumi.ComponentResource):
                 f"{name}-cluster", cfg.existing, pulumi.ResourceOptions(parent=self)
             )
             k8s_provider = existing.k8s_provider
+            aws_context = None
             self.outputs = PlatformOutputs(
                 cluster_name=cfg.cluster_name,
                 kubernetes_version=cfg.kubernetes_version,
@@ -148,12 +165,24 @@ class Platform(pulumi.ComponentResource):
             PlatformServicesArgs(cfg, k8s_provider),
             pulumi.ResourceOptions(parent=self),
         )
-        Volcano(
+        volcano = Volcano(
             f"{name}-volcano",
             VolcanoArgs(cfg, k8s_provider),
             pulumi.ResourceOptions(parent=self),
         )
         self.outputs.scheduling = scheduling_output(cfg)
+        Monitoring(
+            f"{name}-monitoring",
+            MonitoringArgs(cfg, k8s_provider, depends_on=[services, volcano]),
+            pulumi.ResourceOptions(parent=self),
+        )
+        self.outputs.monitoring = monitoring_output(cfg)
+        PlatformStorage(
+            f"{name}-storage",
+            PlatformStorageArgs(cfg, k8s_provider, depends_on=[services], aws=aws_context),
+            pulumi.ResourceOptions(parent=self),
+        )
+        self.outputs.storage = storage_output(cfg)
         if cfg.gpu_pools:
             GpuPlugins(
                 f"{name}-gpu-plugins",

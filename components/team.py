@@ -7,8 +7,10 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.jobs import TrainingJob, TrainingJobArgs
 from trainstack import outputs as out
 from trainstack.config.model import TeamStackConfig
+from trainstack.jobs.spec import JobSpec
 
 
 class UnknownTeamError(pulumi.RunError):
@@ -35,7 +37,11 @@ class TeamStack(pulumi.ComponentResource):
     k8s_provider: k8s.Provider
 
     def __init__(
-        self, name: str, args: TeamStackConfig, opts: pulumi.ResourceOptions | None = None
+        self,
+        name: str,
+        args: TeamStackConfig,
+        opts: pulumi.ResourceOptions | None = None,
+        jobs: tuple[JobSpec, ...] = (),
     ) -> None:
         super().__init__("trainstack:team:TeamStack", name, None, opts)
         platform = pulumi.StackReference(
@@ -57,4 +63,17 @@ class TeamStack(pulumi.ComponentResource):
             enable_server_side_apply=True,
             opts=pulumi.ResourceOptions(parent=self),
         )
+        # Only the outputs jobs need: the whole map would be secret (kubeconfig).
+        keys = (out.REGISTRY, out.GPU_POOLS, out.SCHEDULING, out.STORAGE)
+        platform_outputs = pulumi.Output.all(*(platform.get_output(k) for k in keys)).apply(
+            lambda values: dict(zip(keys, values, strict=True))
+        )
+        self.jobs = [
+            TrainingJob(
+                f"{name}-{spec.name}",
+                TrainingJobArgs(spec, args.team, platform_outputs, self.k8s_provider),
+                pulumi.ResourceOptions(parent=self, depends_on=[self.k8s_provider]),
+            )
+            for spec in jobs
+        ]
         self.register_outputs({"namespace": self.namespace})

@@ -61,7 +61,10 @@ def test_preview_writes_the_whole_plan(tmp_path: Path) -> None:
     files = tree(out)
     assert len([f for f in files if f.startswith("kubernetes/")]) == len(kube)
     assert len([f for f in files if f.startswith("aws/")]) == len(aws)
-    assert len([f for f in files if f.startswith("helm/")]) == len(helm) == 2
+    assert len([f for f in files if f.startswith("helm/")]) == len(helm)
+    assert {"nvidia-device-plugin", "volcano", "local-static-provisioner"} <= {
+        r["inputs"]["name"] for r in helm
+    }
     release = yaml.safe_load((out / "helm/nvidia-device-plugin.yaml").read_text())
     assert release["chart"] == "nvidia-device-plugin"
     assert release["version"] == "0.18.2"
@@ -140,6 +143,7 @@ def test_team_plan_feeds_platform_outputs(example_plans: dict[str, Plan]) -> Non
     team = example_plans["vision"]
     assert team.kind == "team"
     assert team.outputs == {
+        "jobs": ["demo-train", "embeddings-ps"],
         "namespace": "vision",
         "platformStack": "organization/trainstack/prod",
         "team": "vision",

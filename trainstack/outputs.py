@@ -25,11 +25,14 @@ TEAM_NAMESPACES: Final = "teamNamespaces"
 REGISTRY: Final = "registry"
 GPU_POOLS: Final = "gpuPools"
 SCHEDULING: Final = "scheduling"
+MONITORING: Final = "monitoring"
+STORAGE: Final = "storage"
 
 # Team stack outputs.
 TEAM: Final = "team"
 NAMESPACE: Final = "namespace"
 PLATFORM_STACK: Final = "platformStack"
+JOBS: Final = "jobs"  # names of the team's training jobs
 
 SECRET_OUTPUTS: Final = frozenset({KUBECONFIG})
 
@@ -50,6 +53,12 @@ PLATFORM_OUTPUTS: Final[dict[str, tuple[str, bool, bool]]] = {
     STORAGE_CLASSES: ("StorageClass names the platform created", True, True),
     TEAM_NAMESPACES: ("team name -> namespace", True, True),
     REGISTRY: ("the team registry: groups, teams, owners, quotas", True, True),
+    STORAGE: (
+        "per team: dataset/checkpoint claims, sub-paths, mount paths, service account, "
+        "S3 checkpoint URI, NVMe cache class",
+        True,
+        True,
+    ),
     SCHEDULING: (
         "queues per team, priority classes, derived per-team quotas and the capacity summary",
         True,
@@ -57,6 +66,11 @@ PLATFORM_OUTPUTS: Final[dict[str, tuple[str, bool, bool]]] = {
     ),
     GPU_POOLS: (
         "GPU pools: shape, node selector, taint and fabric profile (devices, NCCL env)",
+        True,
+        True,
+    ),
+    MONITORING: (
+        "monitoring namespace, chart versions, alert names, receivers, job annotations",
         True,
         True,
     ),

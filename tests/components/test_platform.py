@@ -45,6 +45,8 @@ def test_platform_tree_and_kubernetes_children(run_program: Callable[..., Record
         ("trainstack:aws:EksCluster", "p-cluster"),
         ("trainstack:k8s:PlatformServices", "p-services"),
         ("trainstack:k8s:Volcano", "p-volcano"),
+        ("trainstack:k8s:Monitoring", "p-monitoring"),
+        ("trainstack:storage:PlatformStorage", "p-storage"),
     }
     aws_provider = rec.one("pulumi:providers:aws", "p-aws")
     assert aws_provider.inputs["region"] == "eu-west-1"

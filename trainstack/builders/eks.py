@@ -16,10 +16,16 @@ EBS_CSI_POLICY = f"{AWS_MANAGED}/service-role/AmazonEBSCSIDriverPolicy"
 CLUSTER_ADMIN_ACCESS_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
 OIDC_AUDIENCE = "sts.amazonaws.com"
 # Add-ons that need AWS permissions get them through EKS Pod Identity.
-ADDON_SERVICE_ACCOUNTS = {"aws-ebs-csi-driver": "ebs-csi-controller-sa"}
-ADDON_POLICIES = {"aws-ebs-csi-driver": EBS_CSI_POLICY}
+ADDON_SERVICE_ACCOUNTS = {
+    "aws-ebs-csi-driver": "ebs-csi-controller-sa",
+    "aws-fsx-csi-driver": "fsx-csi-controller-sa",
+}
+ADDON_POLICIES = {
+    "aws-ebs-csi-driver": EBS_CSI_POLICY,
+    "aws-fsx-csi-driver": f"{AWS_MANAGED}/AmazonFSxFullAccess",
+}
 # coredns needs nodes to schedule on; the rest are node-level and install first.
-ADDONS_AFTER_NODES = frozenset({"coredns", "aws-ebs-csi-driver"})
+ADDONS_AFTER_NODES = frozenset({"coredns", "aws-ebs-csi-driver", "aws-fsx-csi-driver"})
 
 
 def service_assume_role_policy(service: str) -> dict[str, Any]:

@@ -66,6 +66,8 @@ def registry_document(cfg: PlatformConfig) -> dict[str, Any]:
                 "namespace": t.namespace,
                 "owners": list(t.owners),
                 "quota": {"gpus": t.quota.gpus},
+                "maxJobHours": t.max_job_hours,
+                "priorityClasses": list(t.priority_classes),
             }
             for t in cfg.registry.teams
         ],

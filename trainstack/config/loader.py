@@ -19,8 +19,10 @@ from trainstack.builders.scheduling import capacity_issues
 from trainstack.config import model as m
 from trainstack.config.checks import dict_items, duplicate_names, size_issues
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean, join_path
-from trainstack.config.pools import build_pools, pool_checks
+from trainstack.config.monitoring import build_monitoring, monitoring_checks
+from trainstack.config.pools import build_pools, network_zones, pool_checks
 from trainstack.config.schema import apply_defaults, schema_issues
+from trainstack.config.storage import build_storage, storage_checks
 
 PLATFORM_KEY = "trainstack:platform"
 TEAM_KEY = "trainstack:team"
@@ -62,7 +64,10 @@ def parse_stack_config(values: Mapping[str, Any], *, stack: str, source: str) ->
             raise ConfigError(source, arithmetic)
         return platform
     return m.TeamStackConfig(
-        stack=stack, team=filled["team"], platform_stack=filled["platformStack"]
+        stack=stack,
+        team=filled["team"],
+        platform_stack=filled["platformStack"],
+        jobs=tuple(filled["jobs"]),
     )
 
 
@@ -118,6 +123,8 @@ def _platform_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     if isinstance(registry, Mapping):
         issues.extend(_registry_checks(registry, join_path(root, "registry"), _pool_names(doc)))
     issues.extend(pool_checks(doc, root))
+    issues.extend(storage_checks(doc, root, network_zones(doc)))
+    issues.extend(monitoring_checks(doc, root))
     return issues
 
 
@@ -332,16 +339,17 @@ def _team_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
 def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
     pools = build_pools(doc)
     scheduling = doc["scheduling"]
+    cluster_name = doc.get("clusterName", f"trainstack-{stack}")
     aws = doc.get("aws")
     existing = doc.get("existing")
     return m.PlatformConfig(
         stack=stack,
         cloud=doc["cloud"],
         environment=doc["environment"],
-        cluster_name=doc.get("clusterName", f"trainstack-{stack}"),
+        cluster_name=cluster_name,
         kubernetes_version=doc["kubernetesVersion"],
         tags=tuple(sorted(doc.get("tags", {}).items())),
-        aws=_build_aws(aws) if aws is not None else None,
+        aws=_build_aws(aws, "lustre" in doc["storage"]) if aws is not None else None,
         existing=(
             m.ExistingCluster(kubeconfig=existing.get("kubeconfig"), context=existing["context"])
             if existing is not None
@@ -355,10 +363,12 @@ def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
             preemption=scheduling["preemption"],
             topology_aware=scheduling["topologyAware"],
         ),
+        storage=build_storage(doc, cluster_name, pools, tuple(sorted(network_zones(doc) or ()))),
+        monitoring=build_monitoring(doc["monitoring"]),
     )
 
 
-def _build_aws(aws: dict[str, Any]) -> m.AwsSettings:
+def _build_aws(aws: dict[str, Any], lustre: bool) -> m.AwsSettings:
     network = aws["network"]
     net: m.NewVpc | m.ExistingVpc
     if "existingVpc" in network:
@@ -401,7 +411,7 @@ def _build_aws(aws: dict[str, Any]) -> m.AwsSettings:
                 ),
                 disk_size_gib=system["diskSizeGiB"],
             ),
-            addons=_addons(cluster["addons"]),
+            addons=_addons(cluster["addons"], ("aws-fsx-csi-driver",) if lustre else ()),
         ),
     )
 
@@ -410,8 +420,9 @@ def _build_aws(aws: dict[str, Any]) -> m.AwsSettings:
 CORE_ADDONS = ("vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent", "aws-ebs-csi-driver")
 
 
-def _addons(pins: Mapping[str, str]) -> tuple[m.AddonPin, ...]:
-    names = list(CORE_ADDONS) + sorted(set(pins) - set(CORE_ADDONS))
+def _addons(pins: Mapping[str, str], needed: tuple[str, ...]) -> tuple[m.AddonPin, ...]:
+    """Core add-ons, those the config's features need (FSx CSI), then any extra pins."""
+    names = list(dict.fromkeys([*CORE_ADDONS, *needed, *sorted(pins)]))
     return tuple(m.AddonPin(name=n, version=pins.get(n)) for n in names)
 
 
@@ -439,6 +450,9 @@ def _build_registry(doc: dict[str, Any], pool_names: tuple[str, ...]) -> m.Regis
                 ),
                 pools=tuple(t.get("pools", pool_names)),
                 priority_classes=tuple(t["priorityClasses"]),
+                max_job_hours=t["maxJobHours"],
+                iam_principals=tuple(t["access"]["iamPrincipalArns"]),
+                groups=tuple(t["access"]["groups"]),
             )
             for t in doc["teams"]
         ),

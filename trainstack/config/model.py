@@ -61,6 +61,9 @@ class Team:
     quota: TeamQuota
     pools: tuple[str, ...] = ()  # resolved: every pool when the config lists none
     priority_classes: tuple[PriorityName, ...] = ("normal", "preemptible")
+    max_job_hours: float = 168
+    iam_principals: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
 
     @property
     def namespace(self) -> str:
@@ -203,10 +206,115 @@ class GpuPool:
 
 
 @dataclass(frozen=True)
+class DataRepository:
+    bucket: str
+    prefix: str
+    auto_import: tuple[str, ...]
+    auto_export: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Lustre:
+    deployment_type: str
+    storage_capacity_gib: int
+    per_unit_storage_throughput: int | None
+    efa: bool
+    availability_zone: str
+    data_repository: DataRepository | None
+
+
+@dataclass(frozen=True)
+class ExistingLustre:
+    csi_driver: str
+    volume_handle: str
+    volume_attributes: tuple[tuple[str, str], ...]
+    capacity_gib: int
+
+
+@dataclass(frozen=True)
+class NvmeCache:
+    host_dir: str
+    max_concurrent_fetches: int
+
+
+@dataclass(frozen=True)
+class Storage:
+    lustre: Lustre | None = None
+    existing_lustre: ExistingLustre | None = None
+    nvme_cache: NvmeCache | None = None
+    checkpoint_bucket: str | None = None  # aws: durable copies
+    retention_days: int = 30
+    noncurrent_version_days: int = 7
+
+    @property
+    def has_shared_filesystem(self) -> bool:
+        return self.lustre is not None or self.existing_lustre is not None
+
+
+@dataclass(frozen=True)
 class Scheduling:
     queue_mode: QueueMode = "hierarchical"
     preemption: bool = True
     topology_aware: bool = True
+
+
+@dataclass(frozen=True)
+class AlertThresholds:
+    """Alert thresholds; the schema holds the defaults (docs/monitoring.md)."""
+
+    gpu_idle_utilization_percent: float = 5.0
+    gpu_idle_minutes: int = 30
+    reserved_idle_minutes: int = 60
+    stall_minutes: int = 15
+    checkpoint_interval_minutes: int = 60
+    pending_minutes: int = 60
+    max_duration_warn_ratio: float = 0.9
+    data_wait_ratio: float = 0.3
+    data_wait_minutes: int = 15
+    step_time_regression_ratio: float = 1.5
+    step_time_jitter_ratio: float = 0.5
+    node_not_ready_minutes: int = 5
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """A key of a Secret in the monitoring namespace (never read by trainstack)."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class AlertReceiver:
+    name: str
+    severities: tuple[str, ...] = ("critical", "warning")
+    teams: tuple[str, ...] = ()
+    slack_channel: str | None = None
+    slack_webhook: SecretRef | None = None
+    webhook_url: str | None = None
+    webhook_url_secret: SecretRef | None = None
+    pagerduty_routing_key: SecretRef | None = None
+
+
+@dataclass(frozen=True)
+class GpuPrice:
+    """USD per GPU-hour for one instance type bought one way."""
+
+    instance_type: str
+    capacity: CapacityType
+    usd_per_gpu_hour: float
+
+
+@dataclass(frozen=True)
+class Monitoring:
+    retention: str = "15d"
+    storage_gib: int = 100
+    storage_class: str | None = None
+    grafana_admin_secret: str | None = None
+    runbook_url: str = "docs/monitoring.md"
+    thresholds: AlertThresholds = AlertThresholds()
+    receivers: tuple[AlertReceiver, ...] = ()
+    prices: tuple[GpuPrice, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -225,6 +333,8 @@ class PlatformConfig:
     gpu_device_plugin: DevicePlugin = "nvidia-device-plugin"
     gpu_pools: tuple[GpuPool, ...] = ()
     scheduling: Scheduling = Scheduling()
+    storage: Storage = Storage()
+    monitoring: Monitoring = Monitoring()
 
     def pool(self, name: str) -> GpuPool | None:
         return next((p for p in self.gpu_pools if p.name == name), None)
@@ -237,6 +347,7 @@ class TeamStackConfig:
     stack: str
     team: str
     platform_stack: str
+    jobs: tuple[str, ...] = ()  # glob patterns, relative to the project root
 
     @property
     def platform_stack_name(self) -> str:

@@ -19,6 +19,7 @@ SCHEMA_FILES = (
     "team.schema.json",
     "stack-file.schema.json",
     "instances.schema.json",
+    "job.schema.json",
 )
 _JSON_TYPES = {
     bool: "boolean",

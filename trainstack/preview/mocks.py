@@ -116,6 +116,10 @@ class RecordingMocks(pulumi.runtime.Mocks):
                     }
                 ],
             }
+        elif typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
+            token = _digest(physical, length=8).lower()
+            out["dnsName"] = f"fs-{token}.fsx.{self.region}.amazonaws.com"
+            out["mountName"] = token
         elif typ == "aws:ec2/launchTemplate:LaunchTemplate":
             out["latestVersion"] = 1
         elif typ == "aws:iam/openIdConnectProvider:OpenIdConnectProvider":

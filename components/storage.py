@@ -1,0 +1,252 @@
+"""Datasets and checkpoints: FSx for Lustre linked to S3, the checkpoint bucket, per-team
+access (IRSA), claims in team namespaces, and the NVMe cache class.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from components.kube import apply_manifest
+from trainstack.builders import storage as b
+from trainstack.config.model import PlatformConfig, Team
+
+
+def _trust_json(parts: list[str], namespace: str) -> str:
+    oidc_arn, issuer_host = parts
+    document = b.irsa_trust_policy(oidc_arn, issuer_host, namespace, b.TRAINING_SERVICE_ACCOUNT)
+    return json.dumps(document, sort_keys=True)
+
+
+def _policy_json(cfg: PlatformConfig, team: Team, key_arn: str) -> str:
+    return json.dumps(b.team_s3_policy(cfg, team, key_arn), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class AwsContext:
+    """What the storage needs from the network and cluster on AWS."""
+
+    provider: pulumi.ProviderResource
+    vpc_id: pulumi.Input[str]
+    subnets: list[tuple[str, pulumi.Output[str]]]  # (zone, subnet id)
+    node_security_group_id: pulumi.Input[str]
+    oidc_provider_arn: pulumi.Input[str]
+    oidc_issuer_url: pulumi.Input[str]
+
+
+@dataclass(frozen=True)
+class PlatformStorageArgs:
+    config: PlatformConfig
+    k8s_provider: pulumi.ProviderResource
+    depends_on: list[pulumi.Resource]
+    aws: AwsContext | None = None
+
+
+class PlatformStorage(pulumi.ComponentResource):
+    """Every team gets a dataset claim and a checkpoint claim; AWS adds durable S3 copies."""
+
+    def __init__(
+        self, name: str, args: PlatformStorageArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("trainstack:storage:PlatformStorage", name, None, opts)
+        cfg = args.config
+        storage = cfg.storage
+        kube = pulumi.ResourceOptions(
+            parent=self, provider=args.k8s_provider, depends_on=args.depends_on
+        )
+        # Manifests may carry Outputs (ARNs, file-system ids); Pulumi resolves them.
+        csi: dict[str, Any] | None = None
+        role_arns: dict[str, pulumi.Output[str]] = {}
+        if args.aws is not None:
+            csi, role_arns = self._aws(name, cfg, args.aws)
+        elif storage.existing_lustre is not None:
+            csi = b.existing_lustre_csi(cfg)
+        for team in cfg.registry.teams:
+            account = b.training_service_account(cfg, team, role_arns.get(team.name))
+            apply_manifest(f"{name}-sa-{team.name}", account, kube)
+            if csi is None:
+                continue
+            for manifest in b.team_volumes(cfg, team, csi):
+                kind = "pv" if manifest["kind"] == "PersistentVolume" else "pvc"
+                claim = manifest["metadata"]["name"].removeprefix(f"{team.name}-")
+                apply_manifest(f"{name}-{team.name}-{claim}-{kind}", manifest, kube)
+        if storage.nvme_cache is not None:
+            chart = b.LOCAL_PROVISIONER_CHART
+            k8s.helm.v3.Release(
+                f"{name}-nvme-cache",
+                name="local-static-provisioner",
+                chart=chart["chart"],
+                version=chart["version"],
+                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart["repo"]),
+                namespace=b.PROVISIONER_NAMESPACE,
+                values=b.local_provisioner_values(cfg),
+                opts=kube,
+            )
+        self.register_outputs({})
+
+    def _aws(
+        self, name: str, cfg: PlatformConfig, ctx: AwsContext
+    ) -> tuple[dict[str, Any] | None, dict[str, pulumi.Output[str]]]:
+        storage = cfg.storage
+        child = pulumi.ResourceOptions(parent=self, provider=ctx.provider)
+        key = aws.kms.Key(
+            f"{name}-key",
+            description=f"{cfg.cluster_name} datasets and checkpoints",
+            enable_key_rotation=True,
+            deletion_window_in_days=30,
+            opts=child,
+        )
+        csi = None
+        lustre = storage.lustre
+        if lustre is not None:
+            group = aws.ec2.SecurityGroup(
+                f"{name}-lustre-sg",
+                vpc_id=ctx.vpc_id,
+                description="FSx for Lustre: LNet from nodes and between file servers",
+                tags={"Name": f"{cfg.cluster_name}-lustre"},
+                opts=child,
+            )
+            for source, peer in (("nodes", ctx.node_security_group_id), ("self", group.id)):
+                for low, high in b.LUSTRE_PORTS:
+                    aws.vpc.SecurityGroupIngressRule(
+                        f"{name}-lustre-{source}-{low}",
+                        security_group_id=group.id,
+                        referenced_security_group_id=peer,
+                        ip_protocol="tcp",
+                        from_port=low,
+                        to_port=high,
+                        opts=child,
+                    )
+            aws.vpc.SecurityGroupEgressRule(
+                f"{name}-lustre-out",
+                security_group_id=group.id,
+                cidr_ipv4="0.0.0.0/0",
+                ip_protocol="-1",
+                opts=child,
+            )
+            subnet = next(s for zone, s in ctx.subnets if zone == lustre.availability_zone)
+            persistent = lustre.deployment_type == "PERSISTENT_2"
+            fs = aws.fsx.LustreFileSystem(
+                f"{name}-lustre",
+                storage_capacity=lustre.storage_capacity_gib,
+                deployment_type=lustre.deployment_type,
+                per_unit_storage_throughput=lustre.per_unit_storage_throughput,
+                subnet_ids=subnet,
+                security_group_ids=[group.id],
+                data_compression_type="LZ4",
+                file_system_type_version=b.LUSTRE_VERSION,
+                efa_enabled=lustre.efa or None,
+                kms_key_id=key.arn if persistent else None,
+                tags={"Name": f"{cfg.cluster_name}-lustre"},
+                opts=child,
+            )
+            if lustre.data_repository is not None:
+                repo = lustre.data_repository
+                aws.fsx.DataRepositoryAssociation(
+                    f"{name}-datasets",
+                    file_system_id=fs.id,
+                    file_system_path=b.DATASETS_PATH,
+                    data_repository_path=f"s3://{repo.bucket}/{repo.prefix}",
+                    batch_import_meta_data_on_create=True,
+                    s3=aws.fsx.DataRepositoryAssociationS3Args(
+                        auto_import_policy=aws.fsx.DataRepositoryAssociationS3AutoImportPolicyArgs(
+                            events=list(repo.auto_import)
+                        ),
+                        auto_export_policy=aws.fsx.DataRepositoryAssociationS3AutoExportPolicyArgs(
+                            events=list(repo.auto_export)
+                        ),
+                    ),
+                    opts=child,
+                )
+            csi = {
+                "driver": b.FSX_CSI_DRIVER,
+                "volumeHandle": fs.id,
+                "volumeAttributes": {"dnsname": fs.dns_name, "mountname": fs.mount_name},
+            }
+        roles: dict[str, pulumi.Output[str]] = {}
+        if storage.checkpoint_bucket is not None:
+            self._bucket(name, cfg, storage.checkpoint_bucket, key, child)
+            host = pulumi.Output.from_input(ctx.oidc_issuer_url).apply(
+                lambda u: u.removeprefix("https://")
+            )
+            for team in cfg.registry.teams:
+                role = aws.iam.Role(
+                    f"{name}-team-{team.name}",
+                    assume_role_policy=pulumi.Output.all(ctx.oidc_provider_arn, host).apply(
+                        partial(_trust_json, namespace=team.namespace)
+                    ),
+                    opts=child,
+                )
+                aws.iam.RolePolicy(
+                    f"{name}-team-{team.name}",
+                    role=role.name,
+                    policy=key.arn.apply(partial(_policy_json, cfg, team)),
+                    opts=child,
+                )
+                roles[team.name] = role.arn
+        return csi, roles
+
+    @staticmethod
+    def _bucket(
+        name: str,
+        cfg: PlatformConfig,
+        bucket_name: str,
+        key: aws.kms.Key,
+        child: pulumi.ResourceOptions,
+    ) -> None:
+        bucket = aws.s3.Bucket(
+            f"{name}-checkpoints",
+            bucket=bucket_name,
+            force_destroy=False,
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(protect=cfg.environment == "production")
+            ),
+        )
+        aws.s3.BucketPublicAccessBlock(
+            f"{name}-checkpoints",
+            bucket=bucket.id,
+            block_public_acls=True,
+            block_public_policy=True,
+            ignore_public_acls=True,
+            restrict_public_buckets=True,
+            opts=child,
+        )
+        aws.s3.BucketOwnershipControls(
+            f"{name}-checkpoints",
+            bucket=bucket.id,
+            rule=aws.s3.BucketOwnershipControlsRuleArgs(object_ownership="BucketOwnerEnforced"),
+            opts=child,
+        )
+        aws.s3.BucketVersioning(
+            f"{name}-checkpoints",
+            bucket=bucket.id,
+            versioning_configuration=aws.s3.BucketVersioningVersioningConfigurationArgs(
+                status="Enabled"
+            ),
+            opts=child,
+        )
+        aws.s3.BucketServerSideEncryptionConfiguration(
+            f"{name}-checkpoints",
+            bucket=bucket.id,
+            rules=[
+                aws.s3.BucketServerSideEncryptionConfigurationRuleArgs(
+                    apply_server_side_encryption_by_default=aws.s3.BucketServerSideEncryptionConfigurationRuleApplyServerSideEncryptionByDefaultArgs(
+                        sse_algorithm="aws:kms", kms_master_key_id=key.arn
+                    ),
+                    bucket_key_enabled=True,
+                )
+            ],
+            opts=child,
+        )
+        aws.s3.BucketLifecycleConfiguration(
+            f"{name}-checkpoints",
+            bucket=bucket.id,
+            rules=b.checkpoint_lifecycle_rules(cfg),  # type: ignore[arg-type]
+            opts=child,
+        )

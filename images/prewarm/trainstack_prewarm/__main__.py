@@ -1,0 +1,5 @@
+import sys
+
+from trainstack_prewarm.cli import main
+
+sys.exit(main())

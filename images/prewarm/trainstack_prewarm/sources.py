@@ -1,0 +1,467 @@
+"""Where datasets come from: an S3 prefix or a mounted (Lustre-like) directory.
+
+Each source lists the files of one dataset version and streams one file into a sink, checking
+what it can on its side (S3: the ETag; a directory: that the file did not change while it was
+read). The fetcher checks the byte count and the optional ``MANIFEST.sha256`` for every source.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import re
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, BinaryIO, Protocol
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ChecksumError,
+    ClientError,
+    ConnectionError,
+    FlexibleChecksumError,
+    HTTPClientError,
+    IncompleteReadError,
+    NoCredentialsError,
+    PartialCredentialsError,
+)
+
+from trainstack_prewarm.errors import (
+    IntegrityError,
+    PrewarmError,
+    SourceError,
+    TransientError,
+    UsageError,
+)
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
+
+CHUNK = 1 << 20
+# sha256sum-format file list published by the dataset's producer; when present it is the
+# authority for the checksum of every file (it works for multipart and KMS objects alike).
+SOURCE_MANIFEST = "MANIFEST.sha256"
+
+Sink = Callable[[bytes], None]
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str  # relative POSIX path inside the dataset version
+    size: int
+    # Changes whenever the source object changes (S3 ETag; size+mtime for a directory), so a
+    # cached copy made from an older object is fetched again.
+    identity: str
+    etag: str | None = None
+
+
+class Source(Protocol):
+    uri: str
+    # Requests to sources with the same key share one concurrency limit.
+    limit_key: str
+
+    def list_files(self) -> list[RemoteFile]: ...
+
+    def read_small(self, path: str, max_bytes: int) -> bytes | None:
+        """Contents of ``path`` (for the manifest), or None when the source has no such file."""
+        ...
+
+    def transfer(self, f: RemoteFile, sink: Sink) -> str:
+        """Stream ``f`` into ``sink``; return the source-side check that was applied."""
+        ...
+
+
+_SAFE_COMPONENT = re.compile(r"^[^\x00/]+$")
+
+
+def check_relpath(path: str, where: str) -> str:
+    """Reject paths that could escape the cache directory or collide with its bookkeeping."""
+    parts = PurePosixPath(path).parts
+    if (
+        not path
+        or path.startswith("/")
+        or any(p in {".", ".."} or not _SAFE_COMPONENT.match(p) for p in parts)
+        or "/".join(parts) != path
+    ):
+        raise SourceError(f"{where}: unsafe file name {path!r} in the dataset")
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# S3
+
+
+_RETRYABLE_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "RequestThrottled",
+        "BandwidthLimitExceeded",
+        "RequestTimeout",
+        "InternalError",
+        "ServiceUnavailable",
+        "OperationAborted",
+    }
+)
+_HINTS = {
+    "AccessDenied": "the pod's role (IRSA) needs s3:ListBucket and s3:GetObject on this prefix",
+    "403": "the pod's role (IRSA) needs s3:ListBucket and s3:GetObject on this prefix",
+    "NoSuchBucket": "check the bucket name in --source",
+    "NoSuchKey": "the object was deleted after it was listed; dataset versions must not change",
+    "404": "the object was deleted after it was listed; dataset versions must not change",
+    "PreconditionFailed": "the object changed after it was listed; dataset versions must not "
+    "change",
+    "InvalidObjectState": "the object is archived (Glacier); restore it first",
+}
+
+
+def _classify_client_error(exc: ClientError, what: str) -> PrewarmError:
+    err = exc.response.get("Error", {})
+    code = str(err.get("Code", "Unknown"))
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+    msg = f"{what}: {code} (HTTP {status})"
+    if err.get("Message"):
+        msg = f"{msg}: {err['Message']}"
+    if code in _RETRYABLE_CODES or status in {429, 500, 502, 503, 504}:
+        return TransientError(msg)
+    hint = _HINTS.get(code)
+    return SourceError(f"{msg}; {hint}" if hint else msg)
+
+
+def classify_s3_error(exc: Exception, what: str) -> PrewarmError | None:
+    """Translate a botocore exception into a retryable or a fail-fast error (None: unknown)."""
+    result: PrewarmError | None = None
+    if isinstance(exc, ClientError):
+        result = _classify_client_error(exc, what)
+    elif isinstance(exc, FlexibleChecksumError | ChecksumError):
+        result = IntegrityError(f"{what}: response checksum mismatch: {exc}")
+    elif isinstance(exc, HTTPClientError | ConnectionError | IncompleteReadError):
+        result = TransientError(f"{what}: connection error: {exc}")
+    elif isinstance(exc, NoCredentialsError | PartialCredentialsError):
+        result = SourceError(f"{what}: no AWS credentials (IRSA not configured for this pod?)")
+    elif isinstance(exc, BotoCoreError):
+        result = SourceError(f"{what}: {exc}")
+    return result
+
+
+def make_s3_client(
+    *, endpoint_url: str | None = None, region: str | None = None, max_connections: int = 10
+) -> S3Client:
+    """An S3 client whose own retries are off, so the pre-warm policy alone decides.
+
+    botocore's standard mode would otherwise retry SlowDown up to 3 times with its own backoff,
+    multiplying the attempts and hiding the throttling from the logs.
+    """
+    config = Config(
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        max_pool_connections=max_connections,
+        connect_timeout=10,
+        read_timeout=60,
+    )
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint_url, region_name=region, config=config
+    )
+
+
+class _EtagHasher:
+    """Computes an S3 ETag: MD5 of the body, or for multipart uploads MD5 of the part MD5s."""
+
+    def __init__(self, part_size: int | None) -> None:
+        self._part_size = part_size
+        self._whole = hashlib.md5(usedforsecurity=False)
+        self._part = hashlib.md5(usedforsecurity=False)
+        self._in_part = 0
+        self._digests: list[bytes] = []
+
+    def update(self, data: bytes) -> None:
+        if self._part_size is None:
+            self._whole.update(data)
+            return
+        view = memoryview(data)
+        while view:
+            take = min(len(view), self._part_size - self._in_part)
+            self._part.update(view[:take])
+            self._in_part += take
+            view = view[take:]
+            if self._in_part == self._part_size:
+                self._close_part()
+
+    def _close_part(self) -> None:
+        self._digests.append(self._part.digest())
+        self._part = hashlib.md5(usedforsecurity=False)
+        self._in_part = 0
+
+    def hexdigest(self) -> str:
+        if self._part_size is None:
+            return self._whole.hexdigest()
+        if self._in_part:
+            self._close_part()
+        combined = hashlib.md5(b"".join(self._digests), usedforsecurity=False).hexdigest()
+        return f"{combined}-{len(self._digests)}"
+
+
+_SINGLE_ETAG = re.compile(r"^[0-9a-f]{32}$")
+_MULTI_ETAG = re.compile(r"^[0-9a-f]{32}-(\d+)$")
+
+
+class S3Source:
+    def __init__(self, client: S3Client, bucket: str, prefix: str) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.uri = f"s3://{bucket}/{self.prefix}"
+        # S3 throttles per prefix but a bucket is the unit teams share; limit per bucket.
+        self.limit_key = f"s3://{bucket}"
+
+    def _key(self, path: str) -> str:
+        return self.prefix + path
+
+    def _fail(self, exc: Exception, what: str) -> PrewarmError:
+        classified = classify_s3_error(exc, what)
+        if classified is None:
+            raise exc
+        return classified
+
+    def list_files(self) -> list[RemoteFile]:
+        files: list[RemoteFile] = []
+        token: str | None = None
+        try:
+            while True:
+                if token:
+                    page = self.client.list_objects_v2(
+                        Bucket=self.bucket, Prefix=self.prefix, ContinuationToken=token
+                    )
+                else:
+                    page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix)
+                for obj in page.get("Contents", []):
+                    key = obj["Key"]
+                    rel = key[len(self.prefix) :]
+                    if rel.endswith("/") and obj["Size"] == 0:
+                        continue  # a "folder" placeholder created by consoles
+                    if obj.get("StorageClass") in {"GLACIER", "DEEP_ARCHIVE"}:
+                        raise SourceError(
+                            f"s3://{self.bucket}/{key}: {_HINTS['InvalidObjectState']}"
+                        )
+                    etag = obj["ETag"].strip('"')
+                    files.append(
+                        RemoteFile(
+                            path=check_relpath(rel, self.uri),
+                            size=int(obj["Size"]),
+                            identity=f"etag:{etag}",
+                            etag=etag,
+                        )
+                    )
+                if not page.get("IsTruncated"):
+                    return files
+                token = page.get("NextContinuationToken")
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail(exc, f"list {self.uri}") from exc
+
+    def read_small(self, path: str, max_bytes: int) -> bytes | None:
+        what = f"s3://{self.bucket}/{self._key(path)}"
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._key(path))
+            with contextlib.closing(resp["Body"]) as body:
+                data = body.read(max_bytes + 1)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in {"NoSuchKey", "404"}:
+                return None
+            raise self._fail(exc, f"get {what}") from exc
+        except BotoCoreError as exc:
+            raise self._fail(exc, f"get {what}") from exc
+        if len(data) > max_bytes:
+            raise SourceError(f"{what}: larger than {max_bytes} bytes")
+        return data
+
+    def _part_size(self, f: RemoteFile, parts: int) -> int | None:
+        """Part size of a multipart object, from the size of its first part (one HEAD)."""
+        head = self.client.head_object(Bucket=self.bucket, Key=self._key(f.path), PartNumber=1)
+        size = int(head["ContentLength"])
+        # Uploaders (aws s3 cp, boto3, s5cmd) use one part size; if the count does not fit
+        # that assumption the ETag cannot be recomputed and only the size is checked.
+        if size <= 0 or -(-f.size // size) != parts:
+            return None
+        return size
+
+    def transfer(self, f: RemoteFile, sink: Sink) -> str:
+        what = f"s3://{self.bucket}/{self._key(f.path)}"
+        if not f.etag:
+            raise SourceError(f"{what}: listed without an ETag")
+        etag = f.etag
+        multi = _MULTI_ETAG.match(etag)
+        try:
+            part_size = self._part_size(f, int(multi.group(1))) if multi else None
+            # If-Match: a GET of a different object than the one listed fails instead of
+            # silently mixing two versions of the dataset.
+            resp = self.client.get_object(
+                Bucket=self.bucket, Key=self._key(f.path), IfMatch=f'"{etag}"'
+            )
+            # SSE-KMS and SSE-C ETags are not an MD5 of the content.
+            encrypted = resp.get("ServerSideEncryption", "").startswith("aws:kms") or bool(
+                resp.get("SSECustomerAlgorithm")
+            )
+            verifiable = not encrypted and (bool(_SINGLE_ETAG.match(etag)) or part_size is not None)
+            hasher = _EtagHasher(part_size) if verifiable else None
+            with contextlib.closing(resp["Body"]) as body:
+                for chunk in body.iter_chunks(CHUNK):
+                    if hasher is not None:
+                        hasher.update(chunk)
+                    sink(chunk)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail(exc, f"get {what}") from exc
+        if hasher is None:
+            return "size"
+        got = hasher.hexdigest()
+        if got != etag:
+            raise IntegrityError(f"{what}: ETag mismatch: expected {etag}, computed {got}")
+        return "etag-multipart" if part_size is not None else "etag-md5"
+
+
+# --------------------------------------------------------------------------------------------
+# Directory (a Lustre or any POSIX mount)
+
+
+# Errors a Lustre client returns while an OST fails over or the network blips.
+_TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EIO,
+        errno.EAGAIN,
+        errno.ETIMEDOUT,
+        errno.EINTR,
+        errno.ESTALE,
+        errno.ECONNRESET,
+        errno.ENOTCONN,
+        errno.EBUSY,
+    }
+)
+
+
+def classify_os_error(exc: OSError, what: str) -> PrewarmError:
+    msg = f"{what}: {exc.strerror or exc}"
+    if exc.errno in _TRANSIENT_ERRNOS:
+        return TransientError(msg)
+    return SourceError(msg)
+
+
+Opener = Callable[[Path], BinaryIO]
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    return open(path, "rb")
+
+
+class DirSource:
+    def __init__(self, root: Path, *, opener: Opener = _open_binary) -> None:
+        self.root = root.absolute()
+        # Injectable so tests can make the mount fail the way Lustre does (EIO, ESTALE).
+        self._open = opener
+        self.uri = str(self.root)
+        try:
+            st = os.stat(self.root)
+        except OSError as exc:
+            raise classify_os_error(exc, f"source {self.root}") from exc
+        if not stat.S_ISDIR(st.st_mode):
+            raise SourceError(f"source {self.root}: not a directory")
+        # Everything on one filesystem shares its servers: limit per device, not per path.
+        self.limit_key = f"dev:{st.st_dev}"
+
+    def list_files(self) -> list[RemoteFile]:
+        files: list[RemoteFile] = []
+
+        def onerror(exc: OSError) -> None:
+            raise classify_os_error(exc, f"list {exc.filename}")
+
+        for dirpath, _dirs, names in os.walk(self.root, onerror=onerror):
+            for name in names:
+                full = Path(dirpath, name)
+                rel = full.relative_to(self.root).as_posix()
+                try:
+                    st = os.stat(full)  # follows file symlinks on purpose
+                except OSError as exc:
+                    raise classify_os_error(exc, f"stat {full}") from exc
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                files.append(
+                    RemoteFile(
+                        path=check_relpath(rel, self.uri),
+                        size=st.st_size,
+                        identity=f"stat:{st.st_size}:{st.st_mtime_ns}",
+                    )
+                )
+        return files
+
+    def read_small(self, path: str, max_bytes: int) -> bytes | None:
+        full = self.root / path
+        try:
+            with self._open(full) as fh:
+                data = fh.read(max_bytes + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise classify_os_error(exc, f"read {full}") from exc
+        if len(data) > max_bytes:
+            raise SourceError(f"{full}: larger than {max_bytes} bytes")
+        return data
+
+    def transfer(self, f: RemoteFile, sink: Sink) -> str:
+        full = self.root / f.path
+        try:
+            fh = self._open(full)
+        except OSError as exc:
+            raise classify_os_error(exc, f"open {full}") from exc
+        with fh:
+            while True:
+                try:
+                    chunk = fh.read(CHUNK)
+                except OSError as exc:
+                    raise classify_os_error(exc, f"read {full}") from exc
+                if not chunk:
+                    break
+                sink(chunk)  # local write errors are the sink's to report
+            try:
+                after = os.fstat(fh.fileno())
+            except OSError as exc:
+                raise classify_os_error(exc, f"stat {full}") from exc
+        # The listing's identity pins what we meant to copy; a file rewritten in place while we
+        # read it would give a torn copy that no later check could notice.
+        if f"stat:{after.st_size}:{after.st_mtime_ns}" != f.identity:
+            raise IntegrityError(f"{full}: changed while it was copied (size/mtime differ)")
+        return "stat"
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def parse_manifest(data: bytes, where: str) -> dict[str, str]:
+    """Parse ``sha256sum`` output: ``<64 hex>  <path>`` (``*`` binary marker allowed)."""
+    out: dict[str, str] = {}
+    for n, raw in enumerate(data.decode("utf-8").splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"^([0-9a-fA-F]{64}) [ *](.+)$", line)
+        if not m:
+            raise SourceError(f"{where}:{n}: not a sha256sum line: {raw!r}")
+        path = m.group(2).removeprefix("./")
+        out[check_relpath(path, where)] = m.group(1).lower()
+    return out
+
+
+def open_source(uri: str, *, s3_client_factory: Callable[[], S3Client]) -> Source:
+    if uri.startswith("s3://"):
+        bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+        if not bucket:
+            raise UsageError(f"--source {uri}: no bucket")
+        return S3Source(s3_client_factory(), bucket, prefix)
+    if "://" in uri:
+        raise UsageError(f"--source {uri}: only s3:// URIs and local paths are supported")
+    return DirSource(Path(uri))

@@ -1,0 +1,216 @@
+"""PlatformStorage: FSx for Lustre, the data repository association, the checkpoint bucket,
+per-team IAM, and the claims in team namespaces."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.platform import Platform
+from tests.conftest import Recorded
+from trainstack.config import PlatformConfig, load_stack_file
+
+STACKS = Path(__file__).parent.parent.parent / "stacks"
+
+
+def load(stack: str) -> PlatformConfig:
+    cfg = load_stack_file(STACKS / f"Pulumi.{stack}.yaml")
+    assert isinstance(cfg, PlatformConfig)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def prod() -> PlatformConfig:
+    return load("prod")
+
+
+def run(run_program: Callable[..., Recorded], cfg: PlatformConfig) -> Recorded:
+    return run_program(lambda: Platform("p", cfg), region="us-east-1")
+
+
+def test_lustre_file_system(run_program: Callable[..., Recorded], prod: PlatformConfig) -> None:
+    rec = run(run_program, prod)
+    fs = rec.one("aws:fsx/lustreFileSystem:LustreFileSystem", "p-storage-lustre")
+    inputs = fs.inputs
+    assert inputs["deploymentType"] == "PERSISTENT_2"
+    assert inputs["perUnitStorageThroughput"] == 500
+    assert inputs["storageCapacity"] == 28800
+    assert inputs["dataCompressionType"] == "LZ4"
+    assert inputs["fileSystemTypeVersion"] == "2.15"
+    assert inputs["subnetIds"] == "p-network-private-us-east-1a-id"  # the H100 block's zone
+    assert inputs["securityGroupIds"] == ["p-storage-lustre-sg-id"]
+    assert inputs["kmsKeyId"].endswith(":key/p-storage-key")
+    parent = rec.parent_of(fs)
+    assert parent is not None
+    assert parent.type == "trainstack:storage:PlatformStorage"
+
+
+def test_lustre_security_group_rules(
+    run_program: Callable[..., Recorded], prod: PlatformConfig
+) -> None:
+    rec = run(run_program, prod)
+    rules = {
+        r.name: (r.inputs["fromPort"], r.inputs["toPort"], r.inputs["referencedSecurityGroupId"])
+        for r in rec.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+        if r.name.startswith("p-storage-lustre-")
+    }
+    node_sg = next(v[2] for k, v in rules.items() if k.startswith("p-storage-lustre-nodes-"))
+    assert node_sg.startswith("sg-")
+    assert rules == {
+        "p-storage-lustre-nodes-988": (988, 988, node_sg),
+        "p-storage-lustre-nodes-1018": (1018, 1023, node_sg),
+        "p-storage-lustre-self-988": (988, 988, "p-storage-lustre-sg-id"),
+        "p-storage-lustre-self-1018": (1018, 1023, "p-storage-lustre-sg-id"),
+    }
+
+
+def test_data_repository_association_and_csi(
+    run_program: Callable[..., Recorded], prod: PlatformConfig
+) -> None:
+    rec = run(run_program, prod)
+    dra = rec.one("aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation")
+    assert dra.inputs["dataRepositoryPath"] == "s3://acme-ml-datasets/datasets/"
+    assert dra.inputs["fileSystemPath"] == "/datasets"
+    assert dra.inputs["fileSystemId"] == "p-storage-lustre-id"
+    assert dra.inputs["s3"]["autoImportPolicy"]["events"] == ["NEW", "CHANGED", "DELETED"]
+    addon = rec.one("aws:eks/addon:Addon", "p-cluster-aws-fsx-csi-driver")
+    assert addon.inputs["podIdentityAssociations"][0]["serviceAccount"] == "fsx-csi-controller-sa"
+
+
+def test_checkpoint_bucket_is_hardened(
+    run_program: Callable[..., Recorded], prod: PlatformConfig
+) -> None:
+    rec = run(run_program, prod)
+    bucket = rec.one("aws:s3/bucket:Bucket")
+    assert bucket.inputs["bucket"] == "acme-trainstack-prod-checkpoints"
+    block = rec.one("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").inputs
+    assert all(
+        block[k] is True
+        for k in (
+            "blockPublicAcls",
+            "blockPublicPolicy",
+            "ignorePublicAcls",
+            "restrictPublicBuckets",
+        )
+    )
+    versioning = rec.one("aws:s3/bucketVersioning:BucketVersioning").inputs
+    assert versioning["versioningConfiguration"] == {"status": "Enabled"}
+    sse = rec.one(
+        "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
+    )
+    rule = sse.inputs["rules"][0]
+    assert rule["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "aws:kms"
+    assert rule["bucketKeyEnabled"] is True
+    lifecycle = rec.one("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
+    rule = lifecycle.inputs["rules"][0]
+    assert rule["expiration"] == {"days": 60}
+    assert rule["filter"] == {"prefix": "teams/"}
+    ownership = rec.one("aws:s3/bucketOwnershipControls:BucketOwnershipControls").inputs
+    assert ownership["rule"] == {"objectOwnership": "BucketOwnerEnforced"}
+
+
+def policy_resources(rec: Recorded, team: str) -> set[str]:
+    policy = json.loads(
+        rec.one("aws:iam/rolePolicy:RolePolicy", f"p-storage-team-{team}").inputs["policy"]
+    )
+    return {
+        r
+        for s in policy["Statement"]
+        for r in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])
+    }
+
+
+def test_team_iam_is_confined_to_its_own_prefixes(
+    run_program: Callable[..., Recorded], prod: PlatformConfig
+) -> None:
+    rec = run(run_program, prod)
+    vision = policy_resources(rec, "vision")
+    nlp = policy_resources(rec, "nlp")
+    assert "arn:aws:s3:::acme-trainstack-prod-checkpoints/teams/vision/*" in vision
+    assert "arn:aws:s3:::acme-trainstack-prod-checkpoints/teams/nlp/*" in nlp
+    assert not any("teams/nlp" in r for r in vision)
+    assert not any("teams/vision" in r for r in nlp)
+    assert "arn:aws:s3:::acme-ml-datasets/datasets/*" in vision
+    statements = json.loads(
+        rec.one("aws:iam/rolePolicy:RolePolicy", "p-storage-team-vision").inputs["policy"]
+    )["Statement"]
+    datasets = next(s for s in statements if s["Sid"] == "ReadDatasets")
+    assert datasets["Action"] == ["s3:GetObject"]  # read-only
+    trust = json.loads(
+        rec.one("aws:iam/role:Role", "p-storage-team-vision").inputs["assumeRolePolicy"]
+    )
+    condition = trust["Statement"][0]["Condition"]["StringEquals"]
+    assert any(v == "system:serviceaccount:vision:training" for v in condition.values())
+    account = rec.one("kubernetes:core/v1:ServiceAccount", "p-storage-sa-vision")
+    assert account.inputs["metadata"]["annotations"] == {
+        "eks.amazonaws.com/role-arn": "arn:aws:iam::000000000000:role/p-storage-team-vision"
+    }
+
+
+def test_team_claims(run_program: Callable[..., Recorded], prod: PlatformConfig) -> None:
+    rec = run(run_program, prod)
+    pv = rec.one("kubernetes:core/v1:PersistentVolume", "p-storage-vision-checkpoints-pv").inputs
+    assert pv["spec"]["csi"]["driver"] == "fsx.csi.aws.com"
+    assert pv["spec"]["csi"]["volumeHandle"] == "p-storage-lustre-id"
+    assert pv["spec"]["claimRef"] == {"namespace": "vision", "name": "checkpoints"}
+    assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+    datasets = rec.one("kubernetes:core/v1:PersistentVolume", "p-storage-vision-datasets-pv").inputs
+    assert datasets["spec"]["accessModes"] == ["ReadOnlyMany"]
+    assert datasets["spec"]["csi"]["readOnly"] is True
+    pvc = rec.one(
+        "kubernetes:core/v1:PersistentVolumeClaim", "p-storage-vision-checkpoints-pvc"
+    ).inputs
+    assert pvc["metadata"]["namespace"] == "vision"
+    assert pvc["spec"]["volumeName"] == "vision-checkpoints"
+
+
+def test_dev_uses_the_nvme_cache_and_scratch_lustre(run_program: Callable[..., Recorded]) -> None:
+    rec = run(run_program, load("dev"))
+    fs = rec.one("aws:fsx/lustreFileSystem:LustreFileSystem").inputs
+    assert fs["deploymentType"] == "SCRATCH_2"
+    assert "kmsKeyId" not in fs
+    release = rec.one("kubernetes:helm.sh/v3:Release", "p-storage-nvme-cache").inputs
+    assert release["chart"] == "local-static-provisioner"
+    assert release["values"]["classes"][0]["name"] == "nvme-cache"
+    assert release["values"]["classes"][0]["hostDir"] == "/mnt/k8s-disks"
+
+
+def test_existing_cluster_uses_its_lustre_and_creates_nothing_on_aws(
+    run_program: Callable[..., Recorded],
+) -> None:
+    rec = run(run_program, load("onprem"))
+    assert not [r for r in rec.records if r.type.startswith("aws:")]
+    pv = rec.one("kubernetes:core/v1:PersistentVolume", "p-storage-speech-datasets-pv").inputs
+    assert pv["spec"]["csi"] == {
+        "driver": "lustre.csi.hpe.com",
+        "volumeHandle": "mgs.lab.internal@tcp:/trainfs",
+        "volumeAttributes": {"fsName": "trainfs", "mgsAddress": "mgs.lab.internal@tcp"},
+        "readOnly": True,
+    }
+
+
+def test_storage_output_for_the_job_layer(
+    run_program: Callable[..., Recorded], prod: PlatformConfig
+) -> None:
+    def program() -> None:
+        import pulumi  # noqa: PLC0415
+
+        for key, value in Platform("p", prod).outputs.exports().items():
+            pulumi.export(key, value)
+
+    rec = run_program(program)
+    vision: dict[str, Any] = rec.result.outputs["storage"]["teams"]["vision"]
+    assert vision == {
+        "datasetClaim": "datasets",
+        "datasetSubPath": "datasets",
+        "datasetMountPath": "/datasets",
+        "checkpointClaim": "checkpoints",
+        "checkpointSubPath": "checkpoints/vision",
+        "checkpointMountPath": "/checkpoints",
+        "serviceAccount": "training",
+        "checkpointS3Uri": "s3://acme-trainstack-prod-checkpoints/teams/vision/",
+    }

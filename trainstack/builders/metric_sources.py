@@ -1,0 +1,107 @@
+"""Every metric name trainstack's rules and dashboards may use, with the exporter that makes it.
+
+Tests parse every rule and dashboard expression and fail on a name that is neither listed
+here nor recorded by one of trainstack's own recording rules. Sources:
+
+- DCGM: dcgm-exporter 4.8.2, fields from the counters CSV trainstack ships
+  (`DCGM_COUNTERS`, mounted over the chart's default list; field names as in
+  NVIDIA/dcgm-exporter `etc/dcp-metrics-included.csv`).
+- kube-state-metrics (bundled with kube-prometheus-stack): standard pod and node metrics
+  (kube-state-metrics docs/metrics/workload/pod-metrics.md, cluster/node-metrics.md); pod and
+  node labels only for the keys in `KSM_LABELS_ALLOWLIST`.
+- kube-state-metrics custom-resource state (configured by trainstack, `ksm_custom_resources()`
+  in builders/monitoring.py): Volcano Job annotations and PodGroup phases.
+- node-exporter: the infiniband collector (on by default) on InfiniBand/RoCE nodes.
+- Volcano scheduler v1.15 (`--enable-metrics`, volcano docs/design/metrics.md).
+- The training runtime: `trainstack_runtime.contract.METRICS` (docs/runtime.md).
+- Prometheus: `ALERTS`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from trainstack_runtime import contract
+
+# (DCGM field, Prometheus type, help): the exact list dcgm-exporter exports (`-f` CSV).
+DCGM_COUNTERS: Final[tuple[tuple[str, str, str], ...]] = (
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor pipe is active."),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of cycles device memory is active."),
+    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Single-bit volatile ECC errors."),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Double-bit volatile ECC errors."),
+    (
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Rows remapped for uncorrectable errors.",
+    ),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed."),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),
+    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter", "NVLink bandwidth counters, all lanes."),
+)
+
+KSM_METRICS: Final = (
+    "kube_pod_container_resource_requests",
+    "kube_pod_status_phase",
+    "kube_pod_labels",
+    "kube_pod_start_time",
+    "kube_node_labels",
+    "kube_node_status_condition",
+    "kube_node_status_capacity",
+    "kube_node_status_allocatable",
+)
+
+# Metrics from kube-state-metrics' custom-resource-state config that trainstack ships.
+KSM_CUSTOM_METRICS: Final = (
+    "trainstack_volcano_job_max_duration_seconds",
+    "trainstack_volcano_job_checkpoint_interval_seconds",
+    "trainstack_volcano_podgroup_status_phase",
+)
+
+NODE_EXPORTER_METRICS: Final = (
+    "node_infiniband_port_data_transmitted_bytes_total",
+    "node_infiniband_port_data_received_bytes_total",
+)
+
+VOLCANO_METRICS: Final = (
+    "volcano_queue_allocated_scalar_resources",
+    "volcano_queue_deserved_scalar_resources",
+    "volcano_queue_pod_group_pending_count",
+    "volcano_queue_pod_group_inqueue_count",
+    "volcano_queue_pod_group_running_count",
+    "volcano_e2e_scheduling_latency_milliseconds_bucket",
+    "volcano_e2e_job_scheduling_duration",
+)
+
+# Prometheus itself: the ALERTS series of firing and pending alerts.
+PROMETHEUS_METRICS: Final = ("ALERTS",)
+
+SOURCES: Final[dict[str, tuple[str, ...]]] = {
+    "prometheus": PROMETHEUS_METRICS,
+    "dcgm-exporter": tuple(name for name, _, _ in DCGM_COUNTERS),
+    "kube-state-metrics": KSM_METRICS,
+    "kube-state-metrics custom resources": KSM_CUSTOM_METRICS,
+    "node-exporter": NODE_EXPORTER_METRICS,
+    "volcano-scheduler": VOLCANO_METRICS,
+    "trainstack runtime": tuple(contract.METRICS),
+}
+
+
+def exported_metrics() -> dict[str, str]:
+    """Metric name -> the exporter that produces it."""
+    return {name: source for source, names in SOURCES.items() for name in names}
+
+
+def dcgm_counters_csv() -> str:
+    """The dcgm-exporter `-f` file: exactly `DCGM_COUNTERS`."""
+    lines = ["# trainstack: DCGM fields exported (builders/metric_sources.py)"]
+    lines += [f"{name}, {kind}, {text}" for name, kind, text in DCGM_COUNTERS]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,274 @@
+"""Storage as data: FSx/S3/IAM inputs, per-team volumes and claims, the NVMe cache class."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainstack.builders import labels
+from trainstack.builders.pools import GPU_PRESENT_LABEL, GPU_TOLERATION
+from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig, Team
+
+LUSTRE_PORTS = ((988, 988), (1018, 1023))  # LNet, and the ports Lustre servers call back on
+FSX_CSI_DRIVER = "fsx.csi.aws.com"
+LUSTRE_VERSION = "2.15"
+DATASETS_PATH = "/datasets"  # file-system path linked to S3 and the jobs' mount point
+CHECKPOINTS_MOUNT = "/checkpoints"  # the runtime's TRAINSTACK_CHECKPOINT_DIR default
+DATASETS_CLAIM = "datasets"
+CHECKPOINTS_CLAIM = "checkpoints"
+CACHE_CLASS = "nvme-cache"
+TRAINING_SERVICE_ACCOUNT = "training"
+CHECKPOINT_PREFIX = "teams/"
+LOCAL_PROVISIONER_CHART = {
+    "chart": "local-static-provisioner",
+    "version": "2.8.0",
+    "repo": "https://kubernetes-sigs.github.io/sig-storage-local-static-provisioner",
+}
+
+
+def checkpoint_subpath(team: Team) -> str:
+    """Each team's checkpoints live under their own directory of the shared file system."""
+    return f"checkpoints/{team.name}"
+
+
+def s3_prefix_arn(bucket: str, prefix: str) -> str:
+    return f"arn:aws:s3:::{bucket}/{prefix}*"
+
+
+def team_s3_policy(cfg: PlatformConfig, team: Team, key_arn: str) -> dict[str, Any]:
+    """Datasets read-only, the team's own checkpoint prefix read-write, nothing else."""
+    storage = cfg.storage
+    statements: list[dict[str, Any]] = []
+    lustre = storage.lustre
+    if lustre is not None and lustre.data_repository is not None:
+        repo = lustre.data_repository
+        statements += [
+            {
+                "Sid": "ListDatasets",
+                "Effect": "Allow",
+                "Action": "s3:ListBucket",
+                "Resource": f"arn:aws:s3:::{repo.bucket}",
+                "Condition": {"StringLike": {"s3:prefix": [f"{repo.prefix}*"]}},
+            },
+            {
+                "Sid": "ReadDatasets",
+                "Effect": "Allow",
+                "Action": ["s3:GetObject"],
+                "Resource": s3_prefix_arn(repo.bucket, repo.prefix),
+            },
+        ]
+    if storage.checkpoint_bucket is not None:
+        prefix = f"{CHECKPOINT_PREFIX}{team.name}/"
+        statements += [
+            {
+                "Sid": "ListOwnCheckpoints",
+                "Effect": "Allow",
+                "Action": "s3:ListBucket",
+                "Resource": f"arn:aws:s3:::{storage.checkpoint_bucket}",
+                "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}},
+            },
+            {
+                "Sid": "ReadWriteOwnCheckpoints",
+                "Effect": "Allow",
+                "Action": [
+                    "s3:GetObject",
+                    "s3:PutObject",
+                    "s3:DeleteObject",
+                    "s3:AbortMultipartUpload",
+                ],
+                "Resource": s3_prefix_arn(storage.checkpoint_bucket, prefix),
+            },
+            {
+                "Sid": "CheckpointEncryption",
+                "Effect": "Allow",
+                "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+                "Resource": key_arn,
+            },
+        ]
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def irsa_trust_policy(
+    oidc_arn: str, issuer_host: str, namespace: str, account: str
+) -> dict[str, Any]:
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Federated": oidc_arn},
+                "Action": "sts:AssumeRoleWithWebIdentity",
+                "Condition": {
+                    "StringEquals": {
+                        f"{issuer_host}:sub": f"system:serviceaccount:{namespace}:{account}",
+                        f"{issuer_host}:aud": "sts.amazonaws.com",
+                    }
+                },
+            }
+        ],
+    }
+
+
+def checkpoint_lifecycle_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
+    storage = cfg.storage
+    return [
+        {
+            "id": "expire-old-checkpoints",
+            "status": "Enabled",
+            "filter": {"prefix": CHECKPOINT_PREFIX},
+            "expiration": {"days": storage.retention_days},
+            "noncurrentVersionExpiration": {"noncurrentDays": storage.noncurrent_version_days},
+            "abortIncompleteMultipartUpload": {"daysAfterInitiation": 2},
+        }
+    ]
+
+
+def _team_pv(
+    cfg: PlatformConfig,
+    team: Team,
+    *,
+    claim: str,
+    access: str,
+    csi: dict[str, Any],
+    capacity_gib: int,
+) -> list[dict[str, Any]]:
+    """A static PV bound to exactly one claim in the team's namespace."""
+    name = f"{team.name}-{claim}"
+    meta_labels = {**labels.base_labels(cfg.stack), labels.TEAM: team.name}
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name, "labels": meta_labels},
+        "spec": {
+            "capacity": {"storage": f"{capacity_gib}Gi"},
+            "accessModes": [access],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "mountOptions": ["flock"],
+            "claimRef": {"namespace": team.namespace, "name": claim},
+            "csi": csi,
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": team.namespace, "labels": meta_labels},
+        "spec": {
+            "accessModes": [access],
+            "storageClassName": "",
+            "volumeName": name,
+            "resources": {"requests": {"storage": f"{capacity_gib}Gi"}},
+        },
+    }
+    return [volume, pvc]
+
+
+def team_volumes(cfg: PlatformConfig, team: Team, csi: dict[str, Any]) -> list[dict[str, Any]]:
+    """Datasets (read-only) and checkpoints (read-write) claims on the shared file system."""
+    storage = cfg.storage
+    capacity = (
+        storage.lustre.storage_capacity_gib
+        if storage.lustre is not None
+        else storage.existing_lustre.capacity_gib
+        if storage.existing_lustre is not None
+        else 0
+    )
+    return [
+        *_team_pv(
+            cfg,
+            team,
+            claim=DATASETS_CLAIM,
+            access="ReadOnlyMany",
+            csi={**csi, "readOnly": True},
+            capacity_gib=capacity,
+        ),
+        *_team_pv(
+            cfg,
+            team,
+            claim=CHECKPOINTS_CLAIM,
+            access="ReadWriteMany",
+            csi=csi,
+            capacity_gib=capacity,
+        ),
+    ]
+
+
+def existing_lustre_csi(cfg: PlatformConfig) -> dict[str, Any]:
+    existing = cfg.storage.existing_lustre
+    assert existing is not None
+    return {
+        "driver": existing.csi_driver,
+        "volumeHandle": existing.volume_handle,
+        "volumeAttributes": dict(existing.volume_attributes),
+    }
+
+
+def training_service_account(cfg: PlatformConfig, team: Team, role_arn: Any) -> dict[str, Any]:
+    """`role_arn` may be a Pulumi Output (or None): builders pass such values through."""
+    metadata: dict[str, Any] = {
+        "name": TRAINING_SERVICE_ACCOUNT,
+        "namespace": team.namespace,
+        "labels": {**labels.base_labels(cfg.stack), labels.TEAM: team.name},
+    }
+    if role_arn is not None:
+        metadata["annotations"] = {"eks.amazonaws.com/role-arn": role_arn}
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata}
+
+
+def local_provisioner_values(cfg: PlatformConfig) -> dict[str, Any]:
+    """One local PV per node for the NVMe mount(s) under hostDir (RAID0: /mnt/k8s-disks/0)."""
+    cache = cfg.storage.nvme_cache
+    assert cache is not None
+    return {
+        "classes": [
+            {
+                "name": CACHE_CLASS,
+                "hostDir": cache.host_dir,
+                "volumeMode": "Filesystem",
+                "fsType": "xfs",
+                "storageClass": {"reclaimPolicy": "Delete"},
+            }
+        ],
+        "nodeSelector": {GPU_PRESENT_LABEL: "true"} if cfg.cloud == "aws" else {},
+        "tolerations": [GPU_TOLERATION],
+    }
+
+
+def storage_output(cfg: PlatformConfig) -> dict[str, Any]:
+    """Per team: the claims, mount paths and cache class the job layer wires into pods."""
+    storage = cfg.storage
+    if not storage.has_shared_filesystem and storage.nvme_cache is None:
+        return {}
+    teams: dict[str, Any] = {}
+    for team in cfg.registry.teams:
+        entry: dict[str, Any] = {}
+        if storage.has_shared_filesystem:
+            entry |= {
+                "datasetClaim": DATASETS_CLAIM,
+                "datasetSubPath": DATASETS_PATH.lstrip("/"),
+                "datasetMountPath": DATASETS_PATH,
+                "checkpointClaim": CHECKPOINTS_CLAIM,
+                "checkpointSubPath": checkpoint_subpath(team),
+                "checkpointMountPath": CHECKPOINTS_MOUNT,
+                "serviceAccount": TRAINING_SERVICE_ACCOUNT,
+            }
+        if storage.checkpoint_bucket is not None:
+            entry["checkpointS3Uri"] = (
+                f"s3://{storage.checkpoint_bucket}/{CHECKPOINT_PREFIX}{team.name}/"
+            )
+        if storage.nvme_cache is not None:
+            entry["cacheClass"] = CACHE_CLASS
+        teams[team.name] = entry
+    doc: dict[str, Any] = {"teams": teams}
+    lustre = storage.lustre
+    if lustre is not None and lustre.data_repository is not None:
+        repo = lustre.data_repository
+        doc["datasetRepository"] = f"s3://{repo.bucket}/{repo.prefix}"
+    if storage.nvme_cache is not None:
+        doc["cache"] = {
+            "class": CACHE_CLASS,
+            "maxConcurrentFetchesPerSource": storage.nvme_cache.max_concurrent_fetches,
+        }
+    return doc
+
+
+PROVISIONER_NAMESPACE = SYSTEM_NAMESPACE

@@ -1,0 +1,215 @@
+"""FSx for Lustre rules (capacity steps, throughput tiers) and storage model building.
+
+Sizes AWS would reject at create time are preview errors that name the nearest valid
+values. Facts: ../shared/reference/aws-gpu-platform-facts.md §4.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from trainstack.config import model as m
+from trainstack.config.errors import ConfigIssue, join_path
+
+THROUGHPUT = {"PERSISTENT_2": (125, 250, 500, 1000)}
+# EFA-enabled file systems grow in throughput-dependent steps.
+EFA_STEPS = {125: 38400, 250: 19200, 500: 9600, 1000: 4800}
+SSD_FIRST_STEPS = (1200, 2400)
+SSD_INCREMENT = 2400
+MAX_CAPACITY_GIB = 2_400_000  # beyond this, raise an AWS quota first
+
+
+def valid_capacity(capacity: int, deployment: str, efa: bool, throughput: int | None) -> bool:
+    del deployment  # SCRATCH_2 and PERSISTENT_2 (SSD) share the step rule
+    if efa:
+        step = EFA_STEPS.get(throughput or 0)
+        return step is not None and capacity % step == 0
+    return capacity in SSD_FIRST_STEPS or (capacity > 0 and capacity % SSD_INCREMENT == 0)
+
+
+def nearest_capacities(capacity: int, efa: bool, throughput: int | None) -> list[int]:
+    """The valid sizes just below and just above `capacity`."""
+    if efa:
+        step = EFA_STEPS.get(throughput or 0, 4800)
+        below, above = (capacity // step) * step, -(-capacity // step) * step
+    else:
+        candidates = [*SSD_FIRST_STEPS, (capacity // SSD_INCREMENT) * SSD_INCREMENT]
+        candidates.append(-(-capacity // SSD_INCREMENT) * SSD_INCREMENT)
+        below = max((c for c in candidates if 0 < c <= capacity), default=0)
+        above = min(c for c in candidates if c >= capacity) if capacity > 0 else SSD_FIRST_STEPS[0]
+        above = max(above, SSD_FIRST_STEPS[0])
+    return sorted({v for v in (below, above) if v > 0})
+
+
+def nearest(value: int, choices: tuple[int, ...]) -> int:
+    return min(choices, key=lambda c: (abs(c - value), c))
+
+
+def storage_checks(doc: Mapping[str, Any], root: str, zones: set[str] | None) -> list[ConfigIssue]:
+    storage = doc.get("storage")
+    if not isinstance(storage, Mapping):
+        return []
+    path = join_path(root, "storage")
+    cloud = doc.get("cloud")
+    issues: list[ConfigIssue] = []
+    for key, allowed in (("lustre", "aws"), ("existingLustre", "existing")):
+        if key in storage and cloud in ("aws", "existing") and cloud != allowed:
+            other = "existingLustre" if key == "lustre" else "lustre"
+            issues.append(
+                ConfigIssue(
+                    join_path(path, key),
+                    f"only used with cloud: {allowed}, but cloud is {cloud}; use {other}",
+                )
+            )
+    lustre = storage.get("lustre")
+    if isinstance(lustre, Mapping) and cloud == "aws":
+        issues += _lustre_checks(lustre, join_path(path, "lustre"), zones)
+    checkpoints = storage.get("checkpoints")
+    if cloud == "existing" and isinstance(checkpoints, Mapping) and "bucket" in checkpoints:
+        issues.append(
+            ConfigIssue(
+                join_path(path, "checkpoints", "bucket"),
+                "S3 checkpoint copies are created on aws only; remove it",
+            )
+        )
+    if "nvmeCache" in storage and cloud == "aws":
+        pools = [p for p in doc.get("gpuPools", []) if isinstance(p, Mapping)]
+        if not any(p.get("instanceStore") != "none" for p in pools):
+            issues.append(
+                ConfigIssue(
+                    join_path(path, "nvmeCache"),
+                    "no GPU pool keeps an NVMe instance store (instanceStore: raid0); "
+                    "add one or remove nvmeCache",
+                )
+            )
+    return issues
+
+
+def _lustre_checks(
+    lustre: Mapping[str, Any], path: str, zones: set[str] | None
+) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    deployment = lustre.get("deploymentType", "PERSISTENT_2")
+    throughput = lustre.get("perUnitStorageThroughput")
+    efa = lustre.get("efa", False) is True
+    tiers = THROUGHPUT.get(str(deployment))
+    if isinstance(throughput, int):
+        if tiers is None:
+            issues.append(
+                ConfigIssue(
+                    join_path(path, "perUnitStorageThroughput"),
+                    f"{deployment} has no throughput tier; remove it or use PERSISTENT_2",
+                )
+            )
+        elif throughput not in tiers:
+            issues.append(
+                ConfigIssue(
+                    join_path(path, "perUnitStorageThroughput"),
+                    f"{throughput} MB/s/TiB is not a {deployment} tier; nearest valid value "
+                    f"is {nearest(throughput, tiers)} (allowed: {', '.join(map(str, tiers))})",
+                )
+            )
+    elif tiers is not None and "perUnitStorageThroughput" not in lustre:
+        issues.append(
+            ConfigIssue(
+                join_path(path, "perUnitStorageThroughput"),
+                f"required for {deployment}: one of {', '.join(map(str, tiers))} MB/s/TiB",
+            )
+        )
+    if efa and deployment != "PERSISTENT_2":
+        issues.append(
+            ConfigIssue(join_path(path, "efa"), f"EFA needs PERSISTENT_2, not {deployment}")
+        )
+    capacity = lustre.get("storageCapacityGiB")
+    tier = throughput if isinstance(throughput, int) else None
+    # EFA steps depend on a valid tier; without one, the errors above already apply.
+    efa = efa and deployment == "PERSISTENT_2" and tier in EFA_STEPS
+    if isinstance(capacity, int) and not valid_capacity(capacity, str(deployment), efa, tier):
+        near = nearest_capacities(capacity, efa, tier)
+        rule = (
+            f"multiples of {EFA_STEPS.get(tier or 0, '?')} GiB when EFA-enabled at {tier} MB/s/TiB"
+            if efa
+            else "1200, 2400, then steps of 2400 GiB"
+        )
+        issues.append(
+            ConfigIssue(
+                join_path(path, "storageCapacityGiB"),
+                f"{capacity} GiB is not a valid size ({rule}); nearest valid values: "
+                f"{' or '.join(map(str, near))}",
+            )
+        )
+    if isinstance(capacity, int) and capacity > MAX_CAPACITY_GIB:
+        issues.append(
+            ConfigIssue(join_path(path, "storageCapacityGiB"), f"above {MAX_CAPACITY_GIB} GiB")
+        )
+    zone = lustre.get("availabilityZone")
+    if isinstance(zone, str) and zones is not None and zone not in zones:
+        issues.append(
+            ConfigIssue(
+                join_path(path, "availabilityZone"),
+                f"{zone!r} has no private subnet of this platform; "
+                f"use one of {', '.join(sorted(zones))}",
+            )
+        )
+    return issues
+
+
+def build_storage(
+    doc: Mapping[str, Any], cluster_name: str, pools: tuple[m.GpuPool, ...], zones: tuple[str, ...]
+) -> m.Storage:
+    storage = doc["storage"]
+    lustre = None
+    if "lustre" in storage:
+        raw = storage["lustre"]
+        efa_zones = [
+            p.aws.availability_zone
+            for p in pools
+            if p.aws and p.fabric == "efa" and p.aws.availability_zone
+        ]
+        zone = raw.get("availabilityZone") or (efa_zones[0] if efa_zones else zones[0])
+        repo = raw.get("dataRepository")
+        lustre = m.Lustre(
+            deployment_type=raw["deploymentType"],
+            storage_capacity_gib=raw["storageCapacityGiB"],
+            per_unit_storage_throughput=raw.get("perUnitStorageThroughput"),
+            efa=raw["efa"],
+            availability_zone=zone,
+            data_repository=(
+                m.DataRepository(
+                    bucket=repo["bucket"],
+                    prefix=repo["prefix"],
+                    auto_import=tuple(repo["autoImport"]),
+                    auto_export=tuple(repo["autoExport"]),
+                )
+                if repo
+                else None
+            ),
+        )
+    existing = None
+    if "existingLustre" in storage:
+        raw = storage["existingLustre"]
+        existing = m.ExistingLustre(
+            csi_driver=raw["csiDriver"],
+            volume_handle=raw["volumeHandle"],
+            volume_attributes=tuple(sorted(raw["volumeAttributes"].items())),
+            capacity_gib=raw["capacityGiB"],
+        )
+    cache = None
+    if "nvmeCache" in storage:
+        raw = storage["nvmeCache"]
+        cache = m.NvmeCache(
+            host_dir=raw["hostDir"], max_concurrent_fetches=raw["maxConcurrentFetchesPerSource"]
+        )
+    checkpoints = storage["checkpoints"]
+    bucket = None
+    if doc["cloud"] == "aws":
+        bucket = checkpoints.get("bucket", f"{cluster_name}-checkpoints")
+    return m.Storage(
+        lustre=lustre,
+        existing_lustre=existing,
+        nvme_cache=cache,
+        checkpoint_bucket=bucket,
+        retention_days=checkpoints["retentionDays"],
+        noncurrent_version_days=checkpoints["noncurrentVersionDays"],
+    )

@@ -1,0 +1,1 @@
+"""The job layer: strict job specs rendered into Volcano Jobs."""

@@ -1,0 +1,47 @@
+"""Finding a team stack's job specs and loading them all, every error at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainstack.config.errors import ConfigError, ConfigIssue
+from trainstack.jobs.spec import JobSpec, load_job
+
+
+def job_files(root: Path, patterns: tuple[str, ...]) -> list[Path]:
+    """Spec files matched by the stack's globs, sorted and de-duplicated."""
+    found: dict[Path, None] = {}
+    for pattern in patterns:
+        for path in sorted(root.glob(pattern)):
+            found.setdefault(path, None)
+    return list(found)
+
+
+def load_jobs(root: Path, patterns: tuple[str, ...], source: str) -> list[JobSpec]:
+    """Every spec, or one ConfigError listing the problems of all of them."""
+    specs: list[JobSpec] = []
+    issues: list[ConfigIssue] = []
+    names: dict[str, Path] = {}
+    for pattern in patterns:
+        if not any(root.glob(pattern)):
+            issues.append(ConfigIssue("trainstack:team.jobs", f"{pattern!r} matches no file"))
+    for path in job_files(root, patterns):
+        relative = path.relative_to(root)
+        try:
+            spec = load_job(path)
+        except ConfigError as err:
+            issues += [ConfigIssue(f"{relative}: {i.path}", i.message) for i in err.issues]
+            continue
+        if spec.name in names:
+            issues.append(
+                ConfigIssue(
+                    f"{relative}: job.metadata.name",
+                    f"job {spec.name!r} is also defined in {names[spec.name]}; "
+                    "names must be unique",
+                )
+            )
+        names.setdefault(spec.name, relative)
+        specs.append(spec)
+    if issues:
+        raise ConfigError(source, issues)
+    return specs

@@ -1,0 +1,57 @@
+"""What the job layer needs from the platform stack: a typed view of its outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trainstack import outputs as out
+from trainstack.builders.fabric import FabricProfile
+
+
+@dataclass(frozen=True)
+class PlatformView:
+    """The platform stack's outputs, as a team stack's StackReference sees them."""
+
+    outputs: Mapping[str, Any]
+
+    def pool(self, name: str) -> Mapping[str, Any] | None:
+        return next((p for p in self.outputs.get(out.GPU_POOLS, []) if p["name"] == name), None)
+
+    def pool_names(self) -> list[str]:
+        return [p["name"] for p in self.outputs.get(out.GPU_POOLS, [])]
+
+    def team(self, name: str) -> Mapping[str, Any] | None:
+        teams = self.outputs.get(out.REGISTRY, {}).get("teams", [])
+        return next((t for t in teams if t["name"] == name), None)
+
+    def scheduling(self, team: str) -> Mapping[str, Any]:
+        result: Mapping[str, Any] = (
+            self.outputs.get(out.SCHEDULING, {}).get("teams", {}).get(team, {})
+        )
+        return result
+
+    def storage(self, team: str) -> Mapping[str, Any]:
+        result: Mapping[str, Any] = self.outputs.get(out.STORAGE, {}).get("teams", {}).get(team, {})
+        return result
+
+    def cache_concurrency(self) -> int:
+        cache = self.outputs.get(out.STORAGE, {}).get("cache", {})
+        return int(cache.get("maxConcurrentFetchesPerSource", 8))
+
+    def dataset_repository(self) -> str | None:
+        repo: str | None = self.outputs.get(out.STORAGE, {}).get("datasetRepository")
+        return repo
+
+
+def profile(pool: Mapping[str, Any]) -> FabricProfile:
+    raw = pool["profile"]
+    return FabricProfile(
+        fabric=raw["fabric"],
+        gpus_per_node=int(raw["gpusPerNode"]),
+        devices_per_node={k: int(v) for k, v in raw["devicesPerNode"].items()},
+        hugepages_mi_per_node=int(raw["hugepagesMiPerNode"]),
+        env=dict(raw["env"]),
+        shared_devices=tuple(raw.get("sharedDevices", ())),
+    )

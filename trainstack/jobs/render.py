@@ -1,0 +1,482 @@
+"""A job spec, checked against the platform, rendered as a Volcano Job.
+
+Shared by the TrainingJob component, `trainstack render-job` and the policy rules, so
+what an engineer renders with the CLI is exactly what the team stack deploys.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from trainstack_runtime import contract
+
+from trainstack.builders import labels
+from trainstack.builders.pools import GPU_TOLERATION
+from trainstack.builders.scheduling import SVC_PLUGIN_ARGS, priority_class_name
+from trainstack.builders.storage import CHECKPOINTS_MOUNT
+from trainstack.catalog import catalog
+from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean
+from trainstack.jobs.platform import PlatformView, profile
+from trainstack.jobs.spec import JobSpec, cpu_millis, memory_bytes
+
+MASTER, WORKER, PS = "master", "worker", "ps"
+CONTAINER = "trainer"
+PYTORCH_PORT = 23456
+CACHE_MOUNT = "/cache"
+CACHE_REQUEST = "100Gi"  # binds any local NVMe volume at least this large
+FINISHED_TTL_SECONDS = 3 * 24 * 3600  # keep finished jobs and their pods for debugging
+TIERS = {"pool": 1, "zone": 2}  # HyperNode tiers (builders/scheduling.hypernodes)
+PYTHONS = ("python", "python3")
+
+# Exit code -> Volcano action: retryable classes restart (and resume from the last
+# checkpoint), fatal ones stop the job; a deadline ends it for good.
+EXIT_ACTIONS: dict[int, str] = {
+    **{int(code): "RestartJob" for code in contract.RETRYABLE},
+    **{int(code): "AbortJob" for code in contract.FATAL},
+    int(contract.ExitCode.DEADLINE_EXCEEDED): "TerminateJob",
+}
+
+
+def job_labels(spec: JobSpec) -> dict[str, str]:
+    return {
+        **dict(spec.labels),
+        labels.MANAGED_BY: labels.MANAGER,
+        labels.TEAM: spec.team,
+        labels.JOB: spec.name,
+        labels.POOL: spec.pool,
+    }
+
+
+def platform_issues(spec: JobSpec, view: PlatformView, stack_team: str | None) -> list[ConfigIssue]:
+    """Rules that need the platform: team, pool, shape, quota, storage, priority."""
+    issues: list[ConfigIssue] = []
+    if stack_team is not None and spec.team != stack_team:
+        issues.append(
+            ConfigIssue(
+                "job.metadata.team",
+                f"{spec.team!r} is not this stack's team {stack_team!r}; a team deploys only "
+                "its own jobs",
+            )
+        )
+    team = view.team(spec.team)
+    if team is None:
+        msg = f"team {spec.team!r} is not in the platform registry"
+        return [*issues, ConfigIssue("job.metadata.team", msg)]
+    pool = view.pool(spec.pool)
+    if pool is None:
+        names = view.pool_names()
+        return [
+            *issues,
+            ConfigIssue(
+                "job.spec.pool",
+                f"unknown pool {spec.pool!r}{did_you_mean(spec.pool, names)}; the platform has: "
+                f"{', '.join(names) or 'no GPU pools'}",
+            ),
+        ]
+    return [
+        *issues,
+        *_shape_issues(spec, pool),
+        *_quota_issues(spec, view, team, pool),
+        *_storage_issues(spec, view),
+    ]
+
+
+def _shape_issues(spec: JobSpec, pool: Mapping[str, Any]) -> list[ConfigIssue]:
+    """Does one replica fit the pool's nodes?"""
+    issues: list[ConfigIssue] = []
+    try:
+        profile(pool).resources_for(spec.workers.gpus)
+    except ValueError as err:
+        issues.append(ConfigIssue("job.spec.workers.gpus", f"pool {spec.pool}: {err}"))
+    if "instanceType" not in pool:
+        return issues
+    node = catalog()[pool["instanceType"]]
+    wanted = spec.workers.gpu_memory
+    if wanted is not None and memory_bytes(wanted) > node.gpu_memory_gib * 2**30:
+        issues.append(
+            ConfigIssue(
+                "job.spec.workers.gpuMemory",
+                f"{wanted} per GPU, but pool {spec.pool}'s {node.gpu_model} GPUs have "
+                f"{node.gpu_memory_gib}Gi; choose a larger-GPU pool",
+            )
+        )
+    res = spec.workers.resources
+    if cpu_millis(res.cpu) > node.vcpu * 1000:
+        issues.append(
+            ConfigIssue(
+                "job.spec.workers.cpu",
+                f"{res.cpu} CPUs per replica, but a {node.name} node has {node.vcpu}",
+            )
+        )
+    if memory_bytes(res.memory) > node.memory_gib * 2**30:
+        issues.append(
+            ConfigIssue(
+                "job.spec.workers.memory",
+                f"{res.memory} per replica, but a {node.name} node has {node.memory_gib}Gi",
+            )
+        )
+    return issues
+
+
+def _quota_issues(
+    spec: JobSpec, view: PlatformView, team: Mapping[str, Any], pool: Mapping[str, Any]
+) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    sched = view.scheduling(spec.team)
+    allowed_pools = sched.get("pools", [])
+    if allowed_pools and spec.pool not in allowed_pools:
+        issues.append(
+            ConfigIssue(
+                "job.spec.pool",
+                f"team {spec.team} may not use pool {spec.pool!r}; its pools: "
+                f"{', '.join(allowed_pools)}",
+            )
+        )
+    total = spec.workers.replicas * spec.workers.gpus
+    capability = int(sched.get("gpus", {}).get("capability", total))
+    if total > capability:
+        issues.append(
+            ConfigIssue(
+                "job.spec.workers",
+                f"{spec.workers.replicas} x {spec.workers.gpus} = {total} GPUs exceeds team "
+                f"{spec.team}'s capability of {capability} GPUs; the gang could never start",
+            )
+        )
+    nodes_needed = -(-total // int(pool["gpusPerNode"]))
+    if nodes_needed > int(pool["maxNodes"]):
+        issues.append(
+            ConfigIssue(
+                "job.spec.workers",
+                f"{total} GPUs need {nodes_needed} nodes but pool {spec.pool} has at most "
+                f"{pool['maxNodes']}",
+            )
+        )
+    allowed = team.get("priorityClasses", [])
+    if allowed and spec.priority not in allowed:
+        issues.append(
+            ConfigIssue(
+                "job.spec.priority",
+                f"team {spec.team} may use {', '.join(allowed)}, not {spec.priority!r}",
+            )
+        )
+    max_hours = float(team.get("maxJobHours", spec.max_duration_hours))
+    if spec.max_duration_hours > max_hours:
+        issues.append(
+            ConfigIssue(
+                "job.spec.maxDurationHours",
+                f"{spec.max_duration_hours:g} hours exceeds team {spec.team}'s maximum of "
+                f"{max_hours:g}",
+            )
+        )
+    if spec.command[0].rsplit("/", 1)[-1] not in PYTHONS:
+        issues.append(
+            ConfigIssue(
+                "job.spec.command",
+                f"{spec.command[0]!r}: the runtime supervises Python training; start with "
+                "python (e.g. [python, -m, train.main])",
+            )
+        )
+    return issues
+
+
+def _storage_issues(spec: JobSpec, view: PlatformView) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    storage = view.storage(spec.team)
+    if "checkpointClaim" not in storage:
+        issues.append(
+            ConfigIssue(
+                "job.spec.checkpoint",
+                "the platform gives this team no checkpoint volume (storage.lustre or "
+                "existingLustre); ask the platform team to add one",
+            )
+        )
+    if spec.data is None or spec.data.source != "cache":
+        return issues
+    if "cacheClass" not in storage:
+        issues.append(
+            ConfigIssue(
+                "job.spec.data.source",
+                "the platform has no NVMe cache (storage.nvmeCache); use lustre",
+            )
+        )
+    if spec.data.cache_from is None and view.dataset_repository() is None:
+        issues.append(
+            ConfigIssue(
+                "job.spec.data.cacheFrom",
+                "required: the platform has no dataset repository to copy from",
+            )
+        )
+    return issues
+
+
+def check(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -> None:
+    issues = platform_issues(spec, view, stack_team)
+    if issues:
+        raise ConfigError(spec.source, issues)
+
+
+def _resources(requests: Mapping[str, str], limits: Mapping[str, str]) -> dict[str, Any]:
+    return {"requests": dict(sorted(requests.items())), "limits": dict(sorted(limits.items()))}
+
+
+def _env(spec: JobSpec, view: PlatformView, nproc: int) -> list[dict[str, str]]:
+    pool = view.pool(spec.pool)
+    assert pool is not None
+    values: dict[str, str] = dict(profile(pool).env)
+    values |= {
+        contract.ENV_CHECKPOINT_DIR: CHECKPOINTS_MOUNT,
+        contract.ENV_CHECKPOINT_INTERVAL_S: str(spec.checkpoint.interval_seconds),
+        contract.ENV_CHECKPOINT_KEEP: str(spec.checkpoint.keep),
+        contract.ENV_MAX_DURATION_S: str(spec.max_duration_seconds),
+        contract.ENV_SHUTDOWN_TIMEOUT_S: str(max(spec.checkpoint.grace_seconds - 30, 10)),
+        contract.ENV_NPROC_PER_NODE: str(nproc),
+        contract.ENV_VOLCANO_MASTER_TASK: MASTER,
+        contract.ENV_VOLCANO_WORKER_TASK: WORKER,
+        "TRAINSTACK_JOB": spec.name,
+        "TRAINSTACK_TEAM": spec.team,
+    }
+    if spec.data is not None:
+        values |= {"DATA_VERSION": spec.data.version, "DATA_DIR": spec.data.mount_path}
+    values |= dict(spec.env)  # the author's env wins, except where it must not:
+    values[contract.ENV_CHECKPOINT_DIR] = CHECKPOINTS_MOUNT
+    return [{"name": k, "value": v} for k, v in sorted(values.items())]
+
+
+def _cache_source(spec: JobSpec, view: PlatformView) -> str:
+    assert spec.data is not None
+    if spec.data.cache_from is not None:
+        return spec.data.cache_from
+    repo = view.dataset_repository()
+    assert repo is not None, "platform_issues requires a repository"
+    return f"{repo}{spec.data.dataset}/{spec.data.version}/"
+
+
+def _command(spec: JobSpec, nproc: int) -> list[str]:
+    supervised = [
+        spec.command[0], "-m", "trainstack_runtime.supervisor", "--nproc-per-node", str(nproc),
+        "--", *spec.command[1:],
+    ]  # fmt: skip
+    if spec.data is None or spec.data.source != "cache":
+        return supervised
+    # Training starts only on a complete, verified cache; exec keeps the supervisor PID 1.
+    gate = shlex.join(
+        ["trainstack-prewarm", "verify", "--cache", CACHE_MOUNT, "--dataset",
+         spec.data.dataset, "--version", spec.data.version]
+    )  # fmt: skip
+    return ["sh", "-c", f'{gate} && exec "$0" "$@"', *supervised]
+
+
+def _pod(
+    spec: JobSpec, view: PlatformView, role: str, gpus: int, task_labels: dict[str, str]
+) -> dict[str, Any]:
+    pool = view.pool(spec.pool)
+    storage = view.storage(spec.team)
+    assert pool is not None
+    if role == PS:
+        assert spec.parameter_servers is not None
+        res = spec.parameter_servers.resources
+        devices: dict[str, str] = {}
+        nproc = 1
+    else:
+        res = spec.workers.resources
+        devices = profile(pool).resources_for(gpus)
+        nproc = gpus
+    requests = {"cpu": res.cpu, "memory": res.memory, **devices}
+    limits = {"cpu": res.cpu_limit, "memory": res.memory_limit, **devices}
+    mounts: list[dict[str, Any]] = [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {
+            "name": "checkpoints",
+            "mountPath": CHECKPOINTS_MOUNT,
+            "subPath": "/".join(
+                (storage.get("checkpointSubPath", f"checkpoints/{spec.team}"), spec.name)
+            ),
+        },
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shared_memory}},
+        {
+            "name": "checkpoints",
+            "persistentVolumeClaim": {"claimName": storage.get("checkpointClaim", "checkpoints")},
+        },
+    ]
+    init: list[dict[str, Any]] = []
+    if spec.data is not None and spec.data.source == "lustre":
+        mounts.append(
+            {
+                "name": "data",
+                "mountPath": spec.data.mount_path,
+                "subPath": "/".join(
+                    (
+                        storage.get("datasetSubPath", "datasets"),
+                        spec.data.dataset,
+                        spec.data.version,
+                    )
+                ),
+                "readOnly": True,
+            }
+        )
+        volumes.append(
+            {
+                "name": "data",
+                "persistentVolumeClaim": {
+                    "claimName": storage.get("datasetClaim", "datasets"),
+                    "readOnly": True,
+                },
+            }
+        )
+    elif spec.data is not None:
+        mounts += [
+            {"name": "cache", "mountPath": CACHE_MOUNT},
+            {
+                "name": "cache",
+                "mountPath": spec.data.mount_path,
+                "subPath": f"{spec.data.dataset}/{spec.data.version}",
+                "readOnly": True,
+            },
+        ]
+        volumes.append(
+            {
+                "name": "cache",
+                "ephemeral": {
+                    "volumeClaimTemplate": {
+                        "spec": {
+                            "accessModes": ["ReadWriteOnce"],
+                            "storageClassName": storage.get("cacheClass", "nvme-cache"),
+                            "resources": {"requests": {"storage": CACHE_REQUEST}},
+                        }
+                    }
+                },
+            }
+        )
+        init.append(
+            {
+                "name": "prewarm",
+                "image": spec.image,
+                "command": [
+                    "trainstack-prewarm",
+                    "fetch",
+                    "--source",
+                    _cache_source(spec, view),
+                    "--dataset",
+                    spec.data.dataset,
+                    "--version",
+                    spec.data.version,
+                    "--cache",
+                    CACHE_MOUNT,
+                    "--concurrency",
+                    str(view.cache_concurrency()),
+                ],
+                "resources": _resources(
+                    {"cpu": "2", "memory": "4Gi"}, {"cpu": "4", "memory": "4Gi"}
+                ),
+                "volumeMounts": [{"name": "cache", "mountPath": CACHE_MOUNT}],
+            }
+        )
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.image,
+        "command": _command(spec, nproc),
+        "args": list(spec.args),
+        "env": [*_env(spec, view, nproc), {"name": "TRAINSTACK_ROLE", "value": role}],
+        "resources": _resources(requests, limits),
+        "ports": [{"name": "metrics", "containerPort": contract.HEALTH_PORT_DEFAULT}],
+        "livenessProbe": {
+            "httpGet": {"path": contract.HEALTH_PATH, "port": contract.HEALTH_PORT_DEFAULT},
+            "periodSeconds": 30,
+            "timeoutSeconds": 5,
+            "failureThreshold": 4,
+        },
+        "volumeMounts": mounts,
+    }
+    selector = pool.get("nodeSelector", {})
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",  # Volcano reads exit codes only from Failed pods
+        "serviceAccountName": storage.get("serviceAccount", "training"),
+        "terminationGracePeriodSeconds": spec.checkpoint.grace_seconds,
+        "containers": [container],
+        "volumes": volumes,
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": k, "operator": "In", "values": [v]}
+                                for k, v in sorted(selector.items())
+                            ]
+                        }
+                    ]
+                }
+            }
+        },
+        "tolerations": [GPU_TOLERATION],
+    }
+    if init:
+        pod_spec["initContainers"] = init
+    return {"metadata": {"labels": task_labels}, "spec": pod_spec}
+
+
+def _task(spec: JobSpec, view: PlatformView, name: str, replicas: int, gpus: int) -> dict[str, Any]:
+    task_labels = {**job_labels(spec), labels.ROLE: name}
+    return {
+        "name": name,
+        "replicas": replicas,
+        "minAvailable": replicas,
+        "template": _pod(spec, view, PS if name == PS else name, gpus, task_labels),
+    }
+
+
+def render(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -> dict[str, Any]:
+    """The Volcano Job for `spec` on this platform (raises ConfigError if it cannot run)."""
+    check(spec, view, stack_team)
+    workers = spec.workers
+    tasks: list[dict[str, Any]]
+    plugins: dict[str, list[str]] = {"svc": list(SVC_PLUGIN_ARGS), "env": []}
+    if spec.mode == "dataParallel":
+        # Volcano's pytorch plugin gives the master task RANK 0 and MASTER_ADDR.
+        tasks = [_task(spec, view, MASTER, 1, workers.gpus)]
+        if workers.replicas > 1:
+            tasks.append(_task(spec, view, WORKER, workers.replicas - 1, workers.gpus))
+        plugins["pytorch"] = [f"--master={MASTER}", f"--worker={WORKER}", f"--port={PYTORCH_PORT}"]
+    else:
+        assert spec.parameter_servers is not None
+        tasks = [
+            _task(spec, view, PS, spec.parameter_servers.replicas, 0),
+            _task(spec, view, WORKER, workers.replicas, workers.gpus),
+        ]
+    policies: list[dict[str, Any]] = [
+        {"exitCode": code, "action": action} for code, action in sorted(EXIT_ACTIONS.items())
+    ]
+    policies.append({"event": "PodEvicted", "action": "RestartJob"})  # preemption, node drain
+    job_spec: dict[str, Any] = {
+        "schedulerName": "volcano",
+        "queue": view.scheduling(spec.team).get("queue", spec.team),
+        "priorityClassName": priority_class_name(spec.priority),
+        "minAvailable": sum(t["replicas"] for t in tasks),  # gang: all or nothing
+        "maxRetry": spec.max_retries,
+        "ttlSecondsAfterFinished": FINISHED_TTL_SECONDS,
+        "plugins": plugins,
+        "policies": policies,
+        "tasks": tasks,
+    }
+    if spec.topology is not None:
+        job_spec["networkTopology"] = {
+            "mode": spec.topology.mode,
+            "highestTierAllowed": TIERS[spec.topology.tier],
+        }
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {
+            "name": spec.name,
+            "namespace": spec.team,
+            "labels": job_labels(spec),
+            "annotations": {
+                f"{labels.PREFIX}/max-duration-seconds": str(spec.max_duration_seconds)
+            },
+        },
+        "spec": job_spec,
+    }

@@ -1,0 +1,302 @@
+"""Job specs: the JSON Schema contract, intrinsic checks, and the typed model."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from trainstack.config.errors import ConfigError, ConfigIssue, join_path
+from trainstack.config.schema import apply_defaults, schema_issues
+
+SCHEMA = "job.schema.json"
+API_VERSION = "trainstack.io/v1alpha1"
+KIND = "TrainingJob"
+MAX_NAME = 40
+
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def cpu_millis(quantity: str) -> int:
+    return int(quantity[:-1]) if quantity.endswith("m") else round(float(quantity) * 1000)
+
+
+def memory_bytes(quantity: str) -> int:
+    match = re.fullmatch(r"([0-9]+)(Ki|Mi|Gi|Ti)", quantity)
+    assert match, f"schema guarantees memory quantities: {quantity}"
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu: str
+    memory: str
+    cpu_limit: str
+    memory_limit: str
+
+
+@dataclass(frozen=True)
+class Workers:
+    replicas: int
+    gpus: int
+    resources: Resources
+    gpu_memory: str | None
+
+
+@dataclass(frozen=True)
+class ParameterServers:
+    replicas: int
+    resources: Resources
+
+
+@dataclass(frozen=True)
+class Data:
+    dataset: str
+    version: str
+    mount_path: str
+    source: Literal["lustre", "cache"]
+    cache_from: str | None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    interval_seconds: int
+    keep: int
+    resume: bool
+    grace_seconds: int
+
+
+@dataclass(frozen=True)
+class Topology:
+    mode: Literal["hard", "soft"]
+    tier: Literal["pool", "zone"]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    team: str
+    labels: tuple[tuple[str, str], ...]
+    image: str
+    command: tuple[str, ...]
+    args: tuple[str, ...]
+    mode: Literal["dataParallel", "parameterServer"]
+    pool: str
+    workers: Workers
+    parameter_servers: ParameterServers | None
+    shared_memory: str
+    data: Data | None
+    checkpoint: Checkpoint
+    max_duration_hours: float
+    priority: str
+    max_retries: int
+    env: tuple[tuple[str, str], ...]
+    topology: Topology | None
+    source: str
+
+    @property
+    def max_duration_seconds(self) -> int:
+        return round(self.max_duration_hours * 3600)
+
+
+def _image_issues(image: object, path: str) -> list[ConfigIssue]:
+    if not isinstance(image, str):
+        return []
+    if "@sha256:" in image:
+        return []
+    last = image.rsplit("/", 1)[-1]
+    if ":" not in last:
+        return [
+            ConfigIssue(path, f"{image!r} has no tag; pin a version tag or a digest (@sha256:…)")
+        ]
+    if last.endswith(":latest"):
+        return [
+            ConfigIssue(
+                path,
+                f"{image!r} uses :latest, which moves under a running job; pin a version tag "
+                "or a digest (@sha256:…)",
+            )
+        ]
+    return []
+
+
+def _resource_issues(replica: Mapping[str, Any], path: str) -> list[ConfigIssue]:
+    issues: list[ConfigIssue] = []
+    limits = replica.get("limits")
+    if not isinstance(limits, Mapping):
+        return issues
+    for key, parse in (("cpu", cpu_millis), ("memory", memory_bytes)):
+        request, limit = replica.get(key), limits.get(key)
+        if not (isinstance(request, str) and isinstance(limit, str)):
+            continue
+        try:
+            if parse(request) > parse(limit):
+                issues.append(
+                    ConfigIssue(
+                        join_path(path, "limits", key),
+                        f"limit {limit} is below the request {request}; raise the limit or "
+                        "lower the request",
+                    )
+                )
+        except (ValueError, AssertionError):
+            continue  # the schema reports malformed quantities
+    return issues
+
+
+def intrinsic_issues(doc: Mapping[str, Any], root: str = "job") -> list[ConfigIssue]:
+    """Rules that need no platform: names, image pinning, mode-specific fields, limits."""
+    issues: list[ConfigIssue] = []
+    meta = doc.get("metadata")
+    spec = doc.get("spec")
+    if (
+        isinstance(meta, Mapping)
+        and isinstance(meta.get("name"), str)
+        and len(meta["name"]) > MAX_NAME
+    ):
+        issues.append(
+            ConfigIssue(
+                join_path(root, "metadata", "name"),
+                f"{meta['name']!r} is longer than {MAX_NAME} characters; pod names add the "
+                "task and index and must stay within 63",
+            )
+        )
+    if not isinstance(spec, Mapping):
+        return issues
+    spath = join_path(root, "spec")
+    issues += _image_issues(spec.get("image"), join_path(spath, "image"))
+    mode = spec.get("mode", "dataParallel")
+    if mode == "parameterServer" and "parameterServers" not in spec:
+        issues.append(
+            ConfigIssue(join_path(spath, "parameterServers"), "required with mode: parameterServer")
+        )
+    if mode == "dataParallel" and "parameterServers" in spec:
+        issues.append(
+            ConfigIssue(
+                join_path(spath, "parameterServers"),
+                "only used with mode: parameterServer; remove it or set the mode",
+            )
+        )
+    for key in ("workers", "parameterServers"):
+        replica = spec.get(key)
+        if isinstance(replica, Mapping):
+            issues += _resource_issues(replica, join_path(spath, key))
+    data = spec.get("data")
+    if (
+        isinstance(data, Mapping)
+        and "cacheFrom" in data
+        and data.get("source", "lustre") != "cache"
+    ):
+        issues.append(
+            ConfigIssue(
+                join_path(spath, "data", "cacheFrom"), "only used with source: cache; remove it"
+            )
+        )
+    shm, workers = spec.get("sharedMemory"), spec.get("workers")
+    if isinstance(shm, str) and isinstance(workers, Mapping):
+        limits = workers.get("limits") if isinstance(workers.get("limits"), Mapping) else {}
+        memory = (limits or {}).get("memory", workers.get("memory"))
+        try:
+            if isinstance(memory, str) and memory_bytes(shm) >= memory_bytes(memory):
+                issues.append(
+                    ConfigIssue(
+                        join_path(spath, "sharedMemory"),
+                        f"{shm} of /dev/shm does not fit in the workers' memory limit {memory} "
+                        "(shared memory counts against it); lower it or raise the memory",
+                    )
+                )
+        except AssertionError:
+            pass  # malformed quantities are schema errors
+    return issues
+
+
+def _resources(replica: Mapping[str, Any]) -> Resources:
+    limits = replica.get("limits", {})
+    return Resources(
+        cpu=replica["cpu"],
+        memory=replica["memory"],
+        cpu_limit=limits.get("cpu", replica["cpu"]),
+        memory_limit=limits.get("memory", replica["memory"]),
+    )
+
+
+def build(doc: Mapping[str, Any], source: str) -> JobSpec:
+    filled = apply_defaults(SCHEMA, doc)
+    meta, spec = filled["metadata"], filled["spec"]
+    workers = spec["workers"]
+    ps = spec.get("parameterServers")
+    data = spec.get("data")
+    ckpt = spec["checkpoint"]
+    topology = spec.get("topology")
+    return JobSpec(
+        name=meta["name"],
+        team=meta["team"],
+        labels=tuple(sorted(meta["labels"].items())),
+        image=spec["image"],
+        command=tuple(spec["command"]),
+        args=tuple(spec["args"]),
+        mode=spec["mode"],
+        pool=spec["pool"],
+        workers=Workers(
+            replicas=workers["replicas"],
+            gpus=workers["gpus"],
+            resources=_resources(workers),
+            gpu_memory=workers.get("gpuMemory"),
+        ),
+        parameter_servers=(
+            ParameterServers(replicas=ps["replicas"], resources=_resources(ps)) if ps else None
+        ),
+        shared_memory=spec["sharedMemory"],
+        data=(
+            Data(
+                dataset=data["dataset"],
+                version=data["version"],
+                mount_path=data["mountPath"],
+                source=data["source"],
+                cache_from=data.get("cacheFrom"),
+            )
+            if data
+            else None
+        ),
+        checkpoint=Checkpoint(
+            interval_seconds=ckpt["intervalSeconds"],
+            keep=ckpt["keep"],
+            resume=ckpt["resume"],
+            grace_seconds=ckpt["graceSeconds"],
+        ),
+        max_duration_hours=spec["maxDurationHours"],
+        priority=spec["priority"],
+        max_retries=spec["retry"]["maxRetries"],
+        env=tuple(sorted(spec["env"].items())),
+        topology=Topology(mode=topology["mode"], tier=topology["tier"]) if topology else None,
+        source=source,
+    )
+
+
+def read(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ConfigError(
+            str(path), [ConfigIssue("file", f"cannot read: {err.strerror}")]
+        ) from None
+    except yaml.YAMLError as err:
+        raise ConfigError(str(path), [ConfigIssue("file", f"not valid YAML: {err}")]) from None
+
+
+def is_job_document(doc: object) -> bool:
+    return isinstance(doc, Mapping) and doc.get("kind") == KIND
+
+
+def load_job(path: Path) -> JobSpec:
+    """Schema + intrinsic checks in one pass (every error at once), then the typed spec."""
+    doc = read(path)
+    issues = schema_issues(SCHEMA, doc, "job")
+    if isinstance(doc, Mapping):
+        issues += intrinsic_issues(doc)
+    if issues:
+        raise ConfigError(str(path), issues)
+    return build(doc, str(path))
