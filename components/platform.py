@@ -15,6 +15,7 @@ from components.network import Network, NetworkArgs
 from components.scheduling import Volcano, VolcanoArgs
 from components.services import PlatformServices, PlatformServicesArgs
 from components.storage import AwsContext, PlatformStorage, PlatformStorageArgs
+from components.teams import TeamAccess, TeamResources, TeamResourcesArgs
 from trainstack import outputs as out
 from trainstack.builders import labels
 from trainstack.builders.monitoring import monitoring_output
@@ -183,6 +184,17 @@ class Platform(pulumi.ComponentResource):
             pulumi.ResourceOptions(parent=self),
         )
         self.outputs.storage = storage_output(cfg)
+        access = (
+            TeamAccess(cluster_name=self.outputs.cluster_name, provider=aws_context.provider)
+            if aws_context is not None
+            else None
+        )
+        for team in cfg.registry.teams:
+            TeamResources(
+                f"{name}-team-{team.name}",
+                TeamResourcesArgs(cfg, team, k8s_provider, depends_on=[services], access=access),
+                pulumi.ResourceOptions(parent=self),
+            )
         if cfg.gpu_pools:
             GpuPlugins(
                 f"{name}-gpu-plugins",

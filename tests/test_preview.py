@@ -170,3 +170,26 @@ def test_example_stack_files_carry_the_schema_hint() -> None:
             first == "# yaml-language-server: $schema=../trainstack/schemas/stack-file.schema.json"
         )
     assert (ROOT / "trainstack" / "schemas" / "stack-file.schema.json").is_file()
+
+
+def test_team_preview_reports_every_bad_job_before_registering(tmp_path: Path) -> None:
+    project = make_project(
+        tmp_path,
+        {
+            "prod": STACKS / "Pulumi.prod.yaml",
+            "vision": STACKS / "Pulumi.vision.yaml",
+        },
+    )
+    jobs = project / "job_specs" / "vision"
+    jobs.mkdir(parents=True)
+    demo = (ROOT / "job_specs" / "vision" / "demo-train.yaml").read_text()
+    (jobs / "a.yaml").write_text(demo.replace("pool: h100-reserved", "pool: h100"))
+    (jobs / "b.yaml").write_text(demo.replace("demo-train", "other").replace(":2025Q1", ":latest"))
+    result = runner.invoke(
+        app, ["preview", "vision", "--project-dir", str(project), "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 1, result.output
+    assert "job_specs/vision/a.yaml: job.spec.pool: unknown pool 'h100'" in result.output
+    assert "job_specs/vision/b.yaml: job.spec.image:" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "o").exists()

@@ -12,12 +12,15 @@ from typing import Annotated
 
 import pulumi
 import typer
+import yaml
 from rich.console import Console
 from rich.table import Table
 
-from trainstack.config import ConfigError, load_stack_file
+from trainstack.config import ConfigError, TeamStackConfig, load_stack_file
+from trainstack.jobs.spec import is_job_document, load_job
+from trainstack.jobs.spec import read as read_job
 from trainstack.preview.engine import Previewer, Project
-from trainstack.preview.plan import Plan, write_plan
+from trainstack.preview.plan import Plan, normalise, write_plan
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 1
@@ -67,23 +70,58 @@ def preview(
         raise _fail(str(err)) from None
 
 
+def _validate_one(path: Path, previewer: Previewer | None, stack: str | None) -> str:
+    """What `path` is, once it passed every check that applies to it (or ConfigError)."""
+    if is_job_document(read_job(path)):
+        spec = load_job(path)
+        if previewer is not None and stack is not None:
+            previewer.render_job(stack, path)  # platform checks: pool, shape, quota, storage
+            return f"job {spec.name}, fits stack {stack}"
+        return f"job {spec.name}"
+    config = load_stack_file(path)
+    return f"{'team' if isinstance(config, TeamStackConfig) else 'platform'} stack"
+
+
 @app.command()
 def validate(
-    files: Annotated[list[Path], typer.Argument(help="Stack files to check.", exists=False)],
+    files: Annotated[list[Path], typer.Argument(help="Stack files and job specs to check.")],
+    stack: Annotated[
+        str | None, typer.Option(help="Also check job specs against this team stack's platform.")
+    ] = None,
+    project_dir: Annotated[Path, typer.Option(help="Folder with Pulumi.yaml.")] = Path("."),
 ) -> None:
-    """Check stack files against the schemas and cross-field rules; report every error."""
+    """Check stack files and job specs against their schemas and rules; report every error."""
     failed = False
+    previewer = None
+    try:
+        if stack is not None:
+            previewer = Previewer(Project.find(project_dir.resolve()))
+    except ConfigError as err:
+        raise _fail(str(err)) from None
     for path in files:
         try:
-            config = load_stack_file(path)
-        except ConfigError as err:
+            what = _validate_one(path, previewer, stack)
+        except (ConfigError, pulumi.RunError) as err:
             errors.print(str(err), soft_wrap=True)
             failed = True
             continue
-        kind = "team" if hasattr(config, "team") else "platform"
-        console.print(f"{path}: ok ({kind} stack)")
+        console.print(f"{path}: ok ({what})")
     if failed:
         raise typer.Exit(EXIT_USER_ERROR)
+
+
+@app.command("render-job")
+def render_job(
+    spec: Annotated[Path, typer.Argument(help="A job spec (job_specs/<team>/<job>.yaml).")],
+    stack: Annotated[str, typer.Option(help="The team stack the job belongs to.")],
+    project_dir: Annotated[Path, typer.Option(help="Folder with Pulumi.yaml.")] = Path("."),
+) -> None:
+    """Print the exact Volcano Job the team stack would create, for use with kubectl."""
+    try:
+        manifest = Previewer(Project.find(project_dir.resolve())).render_job(stack, spec)
+    except (ConfigError, pulumi.RunError) as err:
+        raise _fail(str(err)) from None
+    typer.echo(yaml.safe_dump(normalise(manifest), sort_keys=False), nl=False)
 
 
 def main() -> None:

@@ -19,6 +19,14 @@ def job_files(root: Path, patterns: tuple[str, ...]) -> list[Path]:
 
 def load_jobs(root: Path, patterns: tuple[str, ...], source: str) -> list[JobSpec]:
     """Every spec, or one ConfigError listing the problems of all of them."""
+    specs, issues = collect_jobs(root, patterns)
+    if issues:
+        raise ConfigError(source, issues)
+    return specs
+
+
+def collect_jobs(root: Path, patterns: tuple[str, ...]) -> tuple[list[JobSpec], list[ConfigIssue]]:
+    """The specs that load, and the problems of those that do not (paths prefixed by file)."""
     specs: list[JobSpec] = []
     issues: list[ConfigIssue] = []
     names: dict[str, Path] = {}
@@ -42,6 +50,4 @@ def load_jobs(root: Path, patterns: tuple[str, ...], source: str) -> list[JobSpe
             )
         names.setdefault(spec.name, relative)
         specs.append(spec)
-    if issues:
-        raise ConfigError(source, issues)
-    return specs
+    return specs, issues

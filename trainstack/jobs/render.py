@@ -474,8 +474,12 @@ def render(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -> 
             "name": spec.name,
             "namespace": spec.team,
             "labels": job_labels(spec),
+            # Monitoring reads both (kube-state-metrics): deadline and stale-checkpoint alerts.
             "annotations": {
-                f"{labels.PREFIX}/max-duration-seconds": str(spec.max_duration_seconds)
+                f"{labels.PREFIX}/max-duration-seconds": str(spec.max_duration_seconds),
+                f"{labels.PREFIX}/checkpoint-interval-seconds": str(
+                    spec.checkpoint.interval_seconds
+                ),
             },
         },
         "spec": job_spec,

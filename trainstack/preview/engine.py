@@ -18,6 +18,10 @@ from trainstack.config import (
     read_stack_file,
 )
 from trainstack.config.errors import did_you_mean
+from trainstack.jobs.files import collect_jobs
+from trainstack.jobs.platform import PlatformView
+from trainstack.jobs.render import platform_issues, render
+from trainstack.jobs.spec import load_job
 from trainstack.preview.plan import Plan
 from trainstack.preview.synth import PROJECT, synth
 
@@ -55,8 +59,16 @@ class Previewer:
 
     project: Project
     _plans: dict[str, Plan] = field(default_factory=dict)
+    # Parsed stack files: every team stack reads its platform's config, and parsing and
+    # checking a large platform once per team stack made previews quadratic in teams.
+    _configs: dict[str, tuple[StackConfig, dict[str, Any]]] = field(default_factory=dict)
 
     def load(self, stack: str) -> tuple[StackConfig, dict[str, Any]]:
+        if stack not in self._configs:
+            self._configs[stack] = self._load(stack)
+        return self._configs[stack]
+
+    def _load(self, stack: str) -> tuple[StackConfig, dict[str, Any]]:
         path = self.project.stack_file(stack)
         if not path.is_file():
             known = ", ".join(self.project.stacks()) or "none"
@@ -74,6 +86,7 @@ class Previewer:
         region = "us-east-1"
         if isinstance(config, TeamStackConfig):
             platform_plan = self._platform_for(config)
+            self.check_jobs(config, platform_plan)
             stack_outputs[config.platform_stack] = (
                 platform_plan.outputs,
                 sorted(k for k, v in platform_plan.outputs.items() if v == "[secret]"),
@@ -84,6 +97,30 @@ class Previewer:
         plan = Plan.from_synth(result, "platform" if isinstance(config, PlatformConfig) else "team")
         self._plans[stack] = plan
         return plan
+
+    def check_jobs(self, config: TeamStackConfig, platform_plan: Plan) -> None:
+        """Every job of the team stack against the platform, all problems at once."""
+        specs, issues = collect_jobs(self.project.root, config.jobs)
+        view = PlatformView(platform_plan.outputs)
+        for spec in specs:
+            relative = Path(spec.source).relative_to(self.project.root)
+            issues += [
+                ConfigIssue(f"{relative}: {i.path}", i.message)
+                for i in platform_issues(spec, view, config.team)
+            ]
+        if issues:
+            raise ConfigError(f"stack {config.stack}", issues)
+
+    def render_job(self, stack: str, spec_path: Path) -> dict[str, Any]:
+        """The Volcano Job a team stack would create for one spec (`trainstack render-job`)."""
+        config, _ = self.load(stack)
+        if not isinstance(config, TeamStackConfig):
+            raise ConfigError(
+                str(self.project.stack_file(stack)),
+                [ConfigIssue("stack", f"{stack!r} is a platform stack; name a team stack")],
+            )
+        platform_plan = self._platform_for(config)
+        return render(load_job(spec_path), PlatformView(platform_plan.outputs), config.team)
 
     def _platform_for(self, config: TeamStackConfig) -> Plan:
         org, project, name = config.platform_stack.split("/")

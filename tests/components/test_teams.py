@@ -1,0 +1,87 @@
+"""TeamResources: quota, defaults, RBAC, network policy and access entries per team."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from components.platform import Platform
+from tests.conftest import Recorded
+from trainstack.config import PlatformConfig, load_stack_file
+
+STACKS = Path(__file__).parent.parent.parent / "stacks"
+
+
+def prod(run_program: Callable[..., Recorded]) -> Recorded:
+    cfg = load_stack_file(STACKS / "Pulumi.prod.yaml")
+    assert isinstance(cfg, PlatformConfig)
+    return run_program(lambda: Platform("p", cfg), region="us-east-1")
+
+
+def manifest(rec: Recorded, rtype: str, name: str) -> dict[str, Any]:
+    inputs: dict[str, Any] = rec.one(f"kubernetes:{rtype}", name).inputs
+    return inputs
+
+
+def test_quota_caps_every_dimension_at_the_capability(run_program: Callable[..., Recorded]) -> None:
+    rec = prod(run_program)
+    quota = manifest(rec, "core/v1:ResourceQuota", "p-team-vision-resourcequota-team-quota")
+    assert quota["metadata"]["namespace"] == "vision"
+    # vision: deserved 40 + borrow 24 = 64 GPUs on p5 (24 vCPU, 256 GiB, 4 EFA per GPU)
+    assert quota["spec"]["hard"] == {
+        "limits.cpu": "3072",
+        "limits.memory": "16384Gi",
+        "requests.cpu": "1536",
+        "requests.hugepages-2Mi": "40960Mi",
+        "requests.memory": "16384Gi",
+        "requests.nvidia.com/gpu": "64",
+        "requests.vpc.amazonaws.com/efa": "256",
+    }
+    limits = manifest(rec, "core/v1:LimitRange", "p-team-vision-limitrange-team-defaults")
+    assert limits["spec"]["limits"][0]["maxLimitRequestRatio"] == {"cpu": "2", "memory": "1"}
+
+
+def test_rbac_binds_the_team_group(run_program: Callable[..., Recorded]) -> None:
+    rec = prod(run_program)
+    binding = manifest(
+        rec,
+        "rbac.authorization.k8s.io/v1:RoleBinding",
+        "p-team-vision-rolebinding-trainstack-team-member",
+    )
+    assert binding["subjects"] == [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "trainstack:team:vision"}
+    ]
+    role = manifest(
+        rec, "rbac.authorization.k8s.io/v1:Role", "p-team-vision-role-trainstack-team-member"
+    )
+    jobs = next(r for r in role["rules"] if r["resources"] == ["jobs"])
+    assert jobs["apiGroups"] == ["batch.volcano.sh"]
+    assert "create" in jobs["verbs"]
+    assert not any("secrets" in r["resources"] for r in role["rules"])
+    entry = rec.one("aws:eks/accessEntry:AccessEntry", "p-team-vision-access-0")
+    assert entry.inputs["principalArn"] == "arn:aws:iam::111122223333:role/vision-ml-engineers"
+    assert entry.inputs["kubernetesGroups"] == ["trainstack:team:vision"]
+    assert entry.inputs["clusterName"] == "trainstack-prod"
+
+
+def test_default_deny_with_training_allowances(run_program: Callable[..., Recorded]) -> None:
+    rec = prod(run_program)
+    deny = manifest(
+        rec, "networking.k8s.io/v1:NetworkPolicy", "p-team-nlp-networkpolicy-default-deny"
+    )
+    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+    allow = manifest(
+        rec, "networking.k8s.io/v1:NetworkPolicy", "p-team-nlp-networkpolicy-allow-training"
+    )
+    ingress = allow["spec"]["ingress"]
+    assert {"from": [{"podSelector": {}}]} in ingress
+    scrape = next(r for r in ingress if "ports" in r)
+    assert scrape["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert scrape["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "trainstack-monitoring"
+    }
+    egress_ports = [p for rule in allow["spec"]["egress"] for p in rule.get("ports", [])]
+    assert {"protocol": "UDP", "port": 53} in egress_ports
+    assert {"protocol": "TCP", "port": 988} in egress_ports
+    assert {"protocol": "TCP", "port": 1018, "endPort": 1023} in egress_ports

@@ -1,0 +1,223 @@
+"""The rendered Volcano Job, feature by feature, and its identity with what stacks deploy."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from trainstack_runtime.contract import FATAL, RETRYABLE, ExitCode
+from typer.testing import CliRunner
+
+from tests.conftest import ROOT
+from trainstack.cli import app
+from trainstack.jobs.platform import PlatformView
+from trainstack.jobs.render import render
+from trainstack.jobs.spec import Data, JobSpec, Topology, load_job
+from trainstack.preview.plan import Plan, normalise
+
+DEMO = ROOT / "job_specs" / "vision" / "demo-train.yaml"
+PS = ROOT / "job_specs" / "vision" / "embeddings-ps.yaml"
+
+
+@pytest.fixture
+def view(example_plans: dict[str, Plan]) -> PlatformView:
+    return PlatformView(example_plans["prod"].outputs)
+
+
+def job(spec: JobSpec, view: PlatformView) -> dict[str, Any]:
+    return render(spec, view, "vision")
+
+
+def container(manifest: dict[str, Any], task: str = "master") -> dict[str, Any]:
+    t = next(t for t in manifest["spec"]["tasks"] if t["name"] == task)
+    result: dict[str, Any] = t["template"]["spec"]["containers"][0]
+    return result
+
+
+def env(c: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in c["env"]}
+
+
+def test_gang_queue_priority_and_plugins(view: PlatformView) -> None:
+    manifest = job(load_job(DEMO), view)
+    spec = manifest["spec"]
+    assert manifest["metadata"]["namespace"] == "vision"
+    assert spec["queue"] == "vision"
+    assert spec["priorityClassName"] == "trainstack-normal"
+    assert spec["schedulerName"] == "volcano"
+    assert spec["minAvailable"] == 2
+    assert [(t["name"], t["replicas"]) for t in spec["tasks"]] == [("master", 1), ("worker", 1)]
+    assert spec["plugins"]["pytorch"] == ["--master=master", "--worker=worker", "--port=23456"]
+    assert spec["plugins"]["svc"] == ["--disable-network-policy=true"]
+    assert spec["maxRetry"] == 3
+
+
+def test_devices_and_env_come_from_the_pools_fabric(view: PlatformView) -> None:
+    c = container(job(load_job(DEMO), view))
+    assert c["resources"]["requests"] == {
+        "cpu": "4",
+        "hugepages-2Mi": "640Mi",
+        "memory": "16Gi",
+        "nvidia.com/gpu": "1",
+        "vpc.amazonaws.com/efa": "4",  # p5.48xlarge: 32 EFA / 8 GPUs
+    }
+    assert c["resources"]["limits"] == c["resources"]["requests"]
+    values = env(c)
+    assert values["NCCL_TUNER_PLUGIN"].endswith("libnccl-ofi-tuner.so")
+    assert "FI_EFA_FORK_SAFE" not in values
+    assert values["DATA_VERSION"] == "v20250401"
+    assert values["LEARNING_RATE"] == "0.001"
+    assert values["TRAINSTACK_CHECKPOINT_INTERVAL_S"] == "600"
+    assert values["TRAINSTACK_CHECKPOINT_KEEP"] == "3"
+    assert values["TRAINSTACK_MAX_DURATION_S"] == "86400"
+    assert values["TRAINSTACK_CHECKPOINT_DIR"] == "/checkpoints"
+
+
+def test_h200_pool_halves_the_efa_share(view: PlatformView) -> None:
+    spec = dataclasses.replace(load_job(DEMO), pool="h200-burst")
+    c = container(job(spec, view))
+    assert c["resources"]["requests"]["vpc.amazonaws.com/efa"] == "2"  # p5en: 16 / 8
+
+
+def test_shm_volumes_and_mounts(view: PlatformView) -> None:
+    manifest = job(load_job(DEMO), view)
+    pod = manifest["spec"]["tasks"][0]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}
+    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "checkpoints"}
+    assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "datasets", "readOnly": True}
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["/checkpoints"]["subPath"] == "checkpoints/vision/demo-train"
+    assert mounts["/mnt/data"] == {
+        "name": "data",
+        "mountPath": "/mnt/data",
+        "subPath": "datasets/imagenet/v20250401",
+        "readOnly": True,
+    }
+
+
+def test_policies_by_exit_code(view: PlatformView) -> None:
+    policies = job(load_job(DEMO), view)["spec"]["policies"]
+    by_code = {p["exitCode"]: p["action"] for p in policies if "exitCode" in p}
+    for code in RETRYABLE:
+        assert by_code[int(code)] == "RestartJob"
+    for code in FATAL - {ExitCode.DEADLINE_EXCEEDED}:
+        assert by_code[int(code)] == "AbortJob"
+    assert by_code[int(ExitCode.DEADLINE_EXCEEDED)] == "TerminateJob"
+    assert {"event": "PodEvicted", "action": "RestartJob"} in policies
+    assert all("event" not in p for p in policies if "exitCode" in p)  # Volcano: never both
+
+
+def test_scheduling_probe_grace_and_command(view: PlatformView) -> None:
+    pod = job(load_job(DEMO), view)["spec"]["tasks"][0]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"  # exit codes are read from Failed pods only
+    assert pod["serviceAccountName"] == "training"
+    assert pod["terminationGracePeriodSeconds"] == 300
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"] == [
+        {"key": "trainstack.io/pool", "operator": "In", "values": ["h100-reserved"]}
+    ]
+    c = pod["containers"][0]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 8080}
+    assert c["ports"] == [{"name": "metrics", "containerPort": 8080}]
+    assert c["command"] == [
+        "python", "-m", "trainstack_runtime.supervisor", "--nproc-per-node", "1",
+        "--", "-m", "train.main",
+    ]  # fmt: skip
+    assert c["args"] == ["--epochs=20", "--batch-size=128"]
+
+
+def test_parameter_server_mode_and_topology(view: PlatformView) -> None:
+    manifest = job(load_job(PS), view)
+    spec = manifest["spec"]
+    assert [(t["name"], t["replicas"]) for t in spec["tasks"]] == [("ps", 2), ("worker", 4)]
+    assert "pytorch" not in spec["plugins"]
+    assert spec["minAvailable"] == 6
+    assert spec["networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}
+    ps = container(manifest, "ps")
+    assert "nvidia.com/gpu" not in ps["resources"]["requests"]
+    worker = container(manifest, "worker")
+    assert worker["resources"]["requests"]["nvidia.com/gpu"] == "2"
+    assert worker["resources"]["limits"]["cpu"] == "32"
+    assert spec["priorityClassName"] == "trainstack-high"
+
+
+def test_nvme_cache_prewarms_before_training(example_plans: dict[str, Plan]) -> None:
+    dev = PlatformView(example_plans["dev"].outputs)
+    spec = dataclasses.replace(
+        load_job(DEMO),
+        pool="l40s-dev",
+        data=Data("imagenet", "v1", "/mnt/data", "cache", "s3://acme-datasets/imagenet/v1/"),
+        topology=Topology("soft", "pool"),
+    )
+    spec = dataclasses.replace(spec, workers=dataclasses.replace(spec.workers, gpu_memory=None))
+    pod = render(spec, dev, "vision")["spec"]["tasks"][0]["template"]["spec"]
+    init = pod["initContainers"][0]
+    assert init["command"][:4] == [
+        "trainstack-prewarm",
+        "fetch",
+        "--source",
+        "s3://acme-datasets/imagenet/v1/",
+    ]
+    assert init["command"][-2:] == ["--concurrency", "4"]
+    cache = next(v for v in pod["volumes"] if v["name"] == "cache")
+    template = cache["ephemeral"]["volumeClaimTemplate"]["spec"]
+    assert template["storageClassName"] == "nvme-cache"
+    command = pod["containers"][0]["command"]
+    assert command[:2] == ["sh", "-c"]
+    assert command[2].startswith(
+        "trainstack-prewarm verify --cache /cache --dataset imagenet --version v1 && exec"
+    )
+
+
+@pytest.mark.parametrize("path", [DEMO, PS], ids=lambda p: p.stem)
+def test_task_templates_are_valid_pods(path: Path, view: PlatformView) -> None:
+    """Volcano's CRD leaves pod templates loosely typed; check them as real Pods."""
+    for task in job(load_job(path), view)["spec"]["tasks"]:
+        template = task["template"]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": task["name"], **template["metadata"]},
+            "spec": template["spec"],
+        }
+        kubernetes_validate.validate(normalise(pod), "1.33", strict=True)
+
+
+def test_render_job_cli_equals_what_the_team_stack_registers(
+    example_plans: dict[str, Plan],
+) -> None:
+    registered = {
+        r.inputs["metadata"]["name"]: r.inputs
+        for r in example_plans["vision"].resources
+        if r.type == "kubernetes:batch.volcano.sh/v1alpha1:Job"
+    }
+    assert set(registered) == {"demo-train", "embeddings-ps"}
+    runner = CliRunner()
+    for name, path in (("demo-train", DEMO), ("embeddings-ps", PS)):
+        result = runner.invoke(
+            app, ["render-job", str(path), "--stack", "vision", "--project-dir", str(ROOT)]
+        )
+        assert result.exit_code == 0, result.output
+        assert yaml.safe_load(result.output) == registered[name]
+
+
+def test_render_job_reports_platform_errors_cleanly(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(DEMO.read_text().replace("gpus: 1", "gpus: 3"))
+    result = CliRunner().invoke(
+        app, ["render-job", str(bad), "--stack", "vision", "--project-dir", str(ROOT)]
+    )
+    assert result.exit_code == 1
+    assert (
+        "job.spec.workers.gpus: pool h100-reserved: 3 GPUs per replica does not divide"
+        in result.output
+    )
+    assert "Traceback" not in result.output

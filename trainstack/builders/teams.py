@@ -1,0 +1,189 @@
+"""A team's fences in its namespace: quota, defaults, RBAC and network policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainstack_runtime.contract import HEALTH_PORT_DEFAULT
+
+from trainstack.builders import labels
+from trainstack.builders.scheduling import team_quotas
+from trainstack.builders.storage import LUSTRE_PORTS
+from trainstack.config.model import PlatformConfig, Team
+from trainstack.config.monitoring import MONITORING_NAMESPACE
+
+MEMBER_ROLE = "trainstack-team-member"
+METRICS_PORT = HEALTH_PORT_DEFAULT  # Prometheus scrapes the runtime here
+# Limits may exceed requests this much; memory never (an over-committed node OOM-kills).
+MAX_LIMIT_REQUEST_RATIO = {"cpu": "2", "memory": "1"}
+
+
+def team_group(team: Team) -> str:
+    """The Kubernetes group a team's people act as (EKS access entries or the IdP)."""
+    return f"trainstack:team:{team.name}"
+
+
+def _meta(cfg: PlatformConfig, team: Team, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": team.namespace,
+        "labels": {**labels.base_labels(cfg.stack), labels.TEAM: team.name},
+    }
+
+
+def resource_quota(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
+    """Every dimension capped at the team's Volcano capability, so kubectl cannot bypass it."""
+    capability = team_quotas(cfg, team)["capability"] if team.pools else {}
+    hard = {f"requests.{k}": v for k, v in capability.items()}
+    if "cpu" in capability:
+        ratio = int(MAX_LIMIT_REQUEST_RATIO["cpu"])
+        hard["limits.cpu"] = str(int(capability["cpu"]) * ratio)
+    if "memory" in capability:
+        hard["limits.memory"] = capability["memory"]
+    if not hard:
+        hard = {"requests.nvidia.com/gpu": "0"}
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": _meta(cfg, team, "team-quota"),
+        "spec": {"hard": dict(sorted(hard.items()))},
+    }
+
+
+def limit_range(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "LimitRange",
+        "metadata": _meta(cfg, team, "team-defaults"),
+        "spec": {
+            "limits": [
+                {
+                    "type": "Container",
+                    "defaultRequest": {"cpu": "1", "memory": "2Gi"},
+                    "default": {"cpu": "2", "memory": "2Gi"},
+                    "maxLimitRequestRatio": dict(MAX_LIMIT_REQUEST_RATIO),
+                }
+            ]
+        },
+    }
+
+
+def member_role(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
+    read = ["get", "list", "watch"]
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(cfg, team, MEMBER_ROLE),
+        "rules": [
+            {
+                "apiGroups": ["batch.volcano.sh"],
+                "resources": ["jobs"],
+                "verbs": [*read, "create", "update", "patch", "delete"],
+            },
+            {
+                "apiGroups": ["bus.volcano.sh"],
+                "resources": ["commands"],
+                "verbs": [*read, "create"],
+            },
+            {"apiGroups": ["scheduling.volcano.sh"], "resources": ["podgroups"], "verbs": read},
+            {
+                "apiGroups": [""],
+                "resources": ["pods", "pods/log", "events", "services"],
+                "verbs": read,
+            },
+            {
+                "apiGroups": [""],
+                "resources": ["pods/exec", "pods/portforward"],
+                "verbs": ["create"],
+            },
+            {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": read},
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "verbs": [*read, "create", "update", "patch", "delete"],
+            },
+        ],
+    }
+
+
+def member_binding(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
+    groups = [team_group(team), *team.groups]
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(cfg, team, MEMBER_ROLE),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": MEMBER_ROLE},
+        "subjects": [
+            {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": g} for g in groups
+        ],
+    }
+
+
+def network_policies(cfg: PlatformConfig, team: Team) -> list[dict[str, Any]]:
+    """Deny by default; allow what distributed training needs.
+
+    EFA and RDMA traffic bypasses the kernel and is not subject to NetworkPolicy; NCCL's
+    TCP bootstrap and gloo run between pods of the namespace.
+    """
+    deny = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(cfg, team, "default-deny"),
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+    }
+    same_namespace: list[dict[str, Any]] = [{"podSelector": {}}]
+    storage_ports = [
+        {"protocol": "TCP", "port": low, **({"endPort": high} if high != low else {})}
+        for low, high in LUSTRE_PORTS
+    ]
+    allow = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(cfg, team, "allow-training"),
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {"from": same_namespace},  # intra-job: rendezvous, NCCL bootstrap, gloo
+                {
+                    "from": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": MONITORING_NAMESPACE}
+                            }
+                        }
+                    ],
+                    "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
+                },
+            ],
+            "egress": [
+                {"to": same_namespace},
+                {
+                    "to": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+                            }
+                        }
+                    ],
+                    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+                },
+                {
+                    # S3, STS, registries (443) and Lustre servers, outside the cluster.
+                    "to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
+                    "ports": [{"protocol": "TCP", "port": 443}, *storage_ports],
+                },
+            ],
+        },
+    }
+    return [deny, allow]
+
+
+def team_manifests(cfg: PlatformConfig, team: Team) -> list[dict[str, Any]]:
+    return [
+        resource_quota(cfg, team),
+        limit_range(cfg, team),
+        member_role(cfg, team),
+        member_binding(cfg, team),
+        *network_policies(cfg, team),
+    ]
