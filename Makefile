@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STACK  ?= dev
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup preview test lint typecheck unit faults goldens bench-runtime clean
+.PHONY: setup preview test lint typecheck unit faults goldens bench-runtime bench-preview clean
 
 # Reinstall only when the dependency declarations change.
 $(STAMP): pyproject.toml images/runtime/pyproject.toml images/prewarm/pyproject.toml
@@ -42,3 +42,7 @@ bench-runtime: setup
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache
+
+# Offline preview at organisation scale vs. the mock engine's floor (docs/diff.md); last line JSON.
+bench-preview: setup
+	$(BIN)/python -m trainstack.bench.preview

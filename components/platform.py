@@ -12,6 +12,7 @@ from components.existing import ExistingCluster
 from components.gpu import GpuNodePool, GpuNodePoolArgs, GpuPlugins, GpuPluginsArgs
 from components.monitoring import Monitoring, MonitoringArgs
 from components.network import Network, NetworkArgs
+from components.policy import AdmissionPolicies, AdmissionPoliciesArgs
 from components.scheduling import Volcano, VolcanoArgs
 from components.services import PlatformServices, PlatformServicesArgs
 from components.storage import AwsContext, PlatformStorage, PlatformStorageArgs
@@ -188,6 +189,11 @@ class Platform(pulumi.ComponentResource):
             TeamAccess(cluster_name=self.outputs.cluster_name, provider=aws_context.provider)
             if aws_context is not None
             else None
+        )
+        AdmissionPolicies(
+            f"{name}-admission",
+            AdmissionPoliciesArgs(cfg, k8s_provider),
+            pulumi.ResourceOptions(parent=self),
         )
         for team in cfg.registry.teams:
             TeamResources(

@@ -1,7 +1,7 @@
 """The `trainstack` command line.
 
 Exit codes (a contract for CI): 0 success, 1 a user error in config (one clean message,
-no traceback), 2 bad command-line usage.
+no traceback), 2 bad command-line usage, 3 mandatory policy violations in a preview.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from trainstack.preview.plan import Plan, normalise, write_plan
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 1
+EXIT_POLICY_VIOLATION = 3
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console(highlight=False)
@@ -52,6 +53,18 @@ def print_summary(plan: Plan, out_dir: Path, seconds: float) -> None:
     )
 
 
+def print_policy_report(plan: Plan) -> None:
+    if not plan.violations:
+        console.print("policy: no violations")
+        return
+    table = Table(title=f"policy report for {plan.stack!r}")
+    for column in ("rule", "level", "resource", "message and fix"):
+        table.add_column(column, overflow="fold")
+    for v in plan.violations:
+        table.add_row(v["rule"], v["level"], v["resource"], v["message"])
+    console.print(table)
+
+
 @app.command()
 def preview(
     stacks: Annotated[list[str], typer.Argument(help="Stack names (stacks/Pulumi.<stack>.yaml).")],
@@ -61,13 +74,20 @@ def preview(
     """Offline, credential-free plan of STACKS: the real program under Pulumi's mock engine."""
     try:
         previewer = Previewer(Project.find(project_dir.resolve()))
+        violating = []
         for stack in stacks:
             started = time.perf_counter()
             plan = previewer.preview(stack)
             write_plan(plan, out / stack)
             print_summary(plan, out / stack, time.perf_counter() - started)
+            print_policy_report(plan)
+            if plan.mandatory_violations:
+                violating.append(stack)
     except (ConfigError, pulumi.RunError) as err:
         raise _fail(str(err)) from None
+    if violating:
+        errors.print(f"[bold red]policy:[/] mandatory violations in {', '.join(violating)}")
+        raise typer.Exit(EXIT_POLICY_VIOLATION)
 
 
 def _validate_one(path: Path, previewer: Previewer | None, stack: str | None) -> str:

@@ -48,6 +48,7 @@ def test_platform_tree_and_kubernetes_children(run_program: Callable[..., Record
         ("trainstack:k8s:Monitoring", "p-monitoring"),
         ("trainstack:storage:PlatformStorage", "p-storage"),
         ("trainstack:team:TeamResources", "p-team-vision"),
+        ("trainstack:policy:AdmissionPolicies", "p-admission"),
     }
     aws_provider = rec.one("pulumi:providers:aws", "p-aws")
     assert aws_provider.inputs["region"] == "eu-west-1"

@@ -53,14 +53,15 @@ def test_killed_worker_then_job_restart_resumes_bit_exact(
     first = run_job(tmp_path, fault="sigkill@13,rank=1")
     assert first.code == ExitCode.KILLED, first.output[-3000:]
     assert _verdict(first)["retryable"] is True
-    assert committed_steps(first.checkpoints)[-1] == 10
+    # Step 10's checkpoint commits asynchronously; on a loaded machine the kill at step 13
+    # can land before the commit, and resuming from step 5 is then the correct behaviour.
+    last = committed_steps(first.checkpoints)[-1]
+    assert last in (5, 10)
 
     second = run_job(tmp_path)  # the scheduler's restart: same arguments, same volume
     assert second.code == ExitCode.OK, second.output[-3000:]
-    assert f"resumed from {first.checkpoints / step_dir_name(10)}" in second.output
-    # Step 10's checkpoint commits asynchronously; on a loaded machine the kill at step 13
-    # can land before the commit, and resuming from step 5 is then the correct behaviour.
-    assert_matches_baseline(second, baseline, replayed_from=(10, 5))
+    assert f"resumed from {first.checkpoints / step_dir_name(last)}" in second.output
+    assert_matches_baseline(second, baseline, replayed_from=last)
 
 
 def test_killed_worker_in_pod_restart_resumes_bit_exact(

@@ -14,6 +14,7 @@ ROLE = f"{PREFIX}/role"
 OWNERS = f"{PREFIX}/owners"  # annotation: comma-separated owner emails
 # annotation on team namespaces: priority classes (short names) the team may use
 TEAM_PRIORITY_ANNOTATION = f"{PREFIX}/priority-classes"
+TEAM_MAX_JOB_HOURS_ANNOTATION = f"{PREFIX}/max-job-hours"  # annotation on team namespaces
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 PART_OF = "app.kubernetes.io/part-of"

@@ -51,6 +51,8 @@ def team_namespace(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
             labels.OWNERS: ",".join(team.owners),
             # Read by the queue-ownership admission policy (builders/scheduling.py).
             TEAM_PRIORITY_ANNOTATION: ",".join(team.priority_classes),
+            # Read by the max-duration admission policy (trainstack/policy).
+            labels.TEAM_MAX_JOB_HOURS_ANNOTATION: f"{team.max_job_hours:g}",
         },
     )
 

@@ -252,6 +252,15 @@ class Storage:
 
 
 @dataclass(frozen=True)
+class PolicySettings:
+    allowed_registries: tuple[str, ...] = ()
+    max_cpu_limit_request_ratio: float = 2.0
+    max_memory_limit_request_ratio: float = 1.0
+    allowed_host_paths: tuple[str, ...] = ("/dev/infiniband",)
+    advisory: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Scheduling:
     queue_mode: QueueMode = "hierarchical"
     preemption: bool = True
@@ -335,6 +344,7 @@ class PlatformConfig:
     scheduling: Scheduling = Scheduling()
     storage: Storage = Storage()
     monitoring: Monitoring = Monitoring()
+    policy: PolicySettings = PolicySettings()
 
     def pool(self, name: str) -> GpuPool | None:
         return next((p for p in self.gpu_pools if p.name == name), None)

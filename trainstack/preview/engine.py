@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,8 @@ from trainstack.jobs.files import collect_jobs
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.render import platform_issues, render
 from trainstack.jobs.spec import load_job
+from trainstack.policy.pack import evaluate
+from trainstack.policy.settings import levels, pack_config
 from trainstack.preview.plan import Plan
 from trainstack.preview.synth import PROJECT, synth
 
@@ -95,8 +97,19 @@ class Previewer:
             region = config.aws.region
         result = synth(self.project.root, stack, values, region=region, stack_outputs=stack_outputs)
         plan = Plan.from_synth(result, "platform" if isinstance(config, PlatformConfig) else "team")
+        plan = replace(plan, violations=self._policy(config, plan))
         self._plans[stack] = plan
         return plan
+
+    def _policy(self, config: StackConfig, plan: Plan) -> tuple[dict[str, str], ...]:
+        """The policy pack over the plan, configured from the (referenced) platform stack."""
+        platform = config
+        if isinstance(config, TeamStackConfig):
+            platform, _ = self.load(config.platform_stack_name)
+        assert isinstance(platform, PlatformConfig)
+        resources = [(r.type, r.name, r.inputs) for r in plan.resources if r.custom]
+        found = evaluate(resources, pack_config(platform), levels(platform))
+        return tuple(v.to_json() for v in sorted(found, key=lambda v: (v.rule, v.resource)))
 
     def check_jobs(self, config: TeamStackConfig, platform_plan: Plan) -> None:
         """Every job of the team stack against the platform, all problems at once."""

@@ -97,6 +97,12 @@ class Plan:
     kind: str  # platform | team
     resources: tuple[Resource, ...]
     outputs: dict[str, Any]
+    # Policy-pack findings: {"rule", "resource", "message", "level"} (see trainstack/policy).
+    violations: tuple[dict[str, str], ...] = ()
+
+    @property
+    def mandatory_violations(self) -> list[dict[str, str]]:
+        return [v for v in self.violations if v["level"] == "mandatory"]
 
     @classmethod
     def from_synth(cls, result: SynthResult, kind: str) -> Plan:
@@ -114,6 +120,7 @@ class Plan:
             "kind": self.kind,
             "resources": [r.to_json() for r in self.resources],
             "outputs": self.outputs,
+            "policy": {"violations": list(self.violations)},
         }
 
     def kubernetes_objects(self) -> list[tuple[Resource, dict[str, Any]]]:

@@ -5,3 +5,6 @@ not import torch. Everything else assumes torch is installed.
 """
 
 __version__ = "0.1.0"
+
+# Re-exported so `from trainstack_runtime import contract` is visible to type checkers too.
+from trainstack_runtime import contract as contract

@@ -1,0 +1,219 @@
+"""One rule, two enforcement points: the Python rule (CrossGuard, preview) and its CEL
+admission policy must give the same verdict on the same objects."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.policy.cel import evaluate
+from trainstack.policy.admission import POLICY_PREFIX, admission_policies
+from trainstack.policy.rules import K8S_RULES, Config
+from trainstack.preview.plan import Plan
+
+CONFIG = Config(
+    allowed_registries=("registry.example.com/",), team_max_duration_hours={"vision": 168}
+)
+RULES = {r.name: r for r in K8S_RULES}
+NAMESPACE = {"metadata": {"name": "vision", "annotations": {"trainstack.io/max-job-hours": "168"}}}
+
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def pod(job: dict[str, Any], task: int = 0) -> dict[str, Any]:
+    spec: dict[str, Any] = job["spec"]["tasks"][task]["template"]["spec"]
+    return spec
+
+
+def trainer(job: dict[str, Any]) -> dict[str, Any]:
+    c: dict[str, Any] = pod(job)["containers"][0]
+    return c
+
+
+def set_limit(name: str, value: str) -> Mutation:
+    return lambda j: trainer(j)["resources"]["limits"].__setitem__(name, value)
+
+
+def env_without(*names: str) -> Mutation:
+    def mutate(j: dict[str, Any]) -> None:
+        for p in (pod(j, i) for i in range(len(j["spec"]["tasks"]))):
+            c = p["containers"][0]
+            c["env"] = [e for e in c["env"] if e["name"] not in names]
+
+    return mutate
+
+
+def swap_volume(name: str, volume: dict[str, Any]) -> Mutation:
+    def mutate(j: dict[str, Any]) -> None:
+        vols = pod(j)["volumes"]
+        vols[:] = [v if v["name"] != name else {"name": name, **volume} for v in vols]
+
+    return mutate
+
+
+def annotate(value: str | None) -> Mutation:
+    def mutate(j: dict[str, Any]) -> None:
+        ann = j["metadata"]["annotations"]
+        if value is None:
+            ann.pop("trainstack.io/max-duration-seconds")
+        else:
+            ann["trainstack.io/max-duration-seconds"] = value
+
+    return mutate
+
+
+CASES: list[tuple[str, str, Mutation | None, bool]] = [
+    # (rule, case, mutation of the valid demo job, admitted?)
+    ("request-limit-ratio", "valid", None, True),
+    ("request-limit-ratio", "cpu limit 3x request", set_limit("cpu", "12"), False),
+    ("request-limit-ratio", "cpu limit 2x request", set_limit("cpu", "8"), True),
+    ("request-limit-ratio", "memory limit above request", set_limit("memory", "17Gi"), False),
+    ("devices-requests-equal-limits", "valid", None, True),
+    (
+        "devices-requests-equal-limits",
+        "gpu limit 2, request 1",
+        set_limit("nvidia.com/gpu", "2"),
+        False,
+    ),
+    (
+        "devices-requests-equal-limits",
+        "efa limit differs",
+        set_limit("vpc.amazonaws.com/efa", "8"),
+        False,
+    ),
+    (
+        "devices-requests-equal-limits",
+        "hugepages equal in other units",
+        set_limit("hugepages-2Mi", "655360Ki"),
+        True,
+    ),
+    ("max-duration", "valid", None, True),
+    ("max-duration", "missing", annotate(None), False),
+    ("max-duration", "beyond the team's 168h", annotate(str(200 * 3600)), False),
+    ("max-duration", "zero", annotate("0"), False),
+    ("checkpoint-volume", "valid", None, True),
+    (
+        "checkpoint-volume",
+        "emptyDir instead of a claim",
+        swap_volume("checkpoints", {"emptyDir": {}}),
+        False,
+    ),
+    (
+        "checkpoint-volume",
+        "hostPath instead of a claim",
+        swap_volume("checkpoints", {"hostPath": {"path": "/ckpt"}}),
+        False,
+    ),
+    ("checkpoint-volume", "no interval", env_without("TRAINSTACK_CHECKPOINT_INTERVAL_S"), False),
+    ("pinned-images", "valid", None, True),
+    (
+        "pinned-images",
+        ":latest",
+        lambda j: trainer(j).__setitem__("image", "registry.example.com/a:latest"),
+        False,
+    ),
+    (
+        "pinned-images",
+        "untagged",
+        lambda j: trainer(j).__setitem__("image", "registry.example.com/a"),
+        False,
+    ),
+    (
+        "pinned-images",
+        "digest",
+        lambda j: trainer(j).__setitem__("image", "registry.example.com/a@sha256:" + "a" * 64),
+        True,
+    ),
+    (
+        "pinned-images",
+        "other registry",
+        lambda j: trainer(j).__setitem__("image", "docker.io/a:1"),
+        False,
+    ),
+    ("gpu-placement", "valid", None, True),
+    ("gpu-placement", "no toleration", lambda j: pod(j).pop("tolerations"), False),
+    ("gpu-placement", "no pool affinity", lambda j: pod(j).pop("affinity"), False),
+    (
+        "gpu-placement",
+        "no affinity but a nodeSelector",
+        lambda j: (
+            pod(j).pop("affinity"),
+            pod(j).__setitem__("nodeSelector", {"trainstack.io/pool": "x"}),
+        ),
+        True,
+    ),
+    ("own-queue", "valid", None, True),
+    ("own-queue", "another team's queue", lambda j: j["spec"].__setitem__("queue", "nlp"), False),
+    ("shm-sized", "valid", None, True),
+    ("shm-sized", "unsized", swap_volume("dshm", {"emptyDir": {"medium": "Memory"}}), False),
+    ("shm-sized", "disk-backed", swap_volume("dshm", {"emptyDir": {"sizeLimit": "8Gi"}}), False),
+    ("no-privileged", "valid", None, True),
+    (
+        "no-privileged",
+        "privileged",
+        lambda j: trainer(j).__setitem__("securityContext", {"privileged": True}),
+        False,
+    ),
+    ("no-privileged", "hostNetwork", lambda j: pod(j).__setitem__("hostNetwork", True), False),
+    (
+        "no-privileged",
+        "hostPath",
+        lambda j: pod(j)["volumes"].append({"name": "h", "hostPath": {"path": "/var/run"}}),
+        False,
+    ),
+    (
+        "no-privileged",
+        "allow-listed device path",
+        lambda j: pod(j)["volumes"].append({"name": "h", "hostPath": {"path": "/dev/infiniband"}}),
+        True,
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def policies() -> dict[str, dict[str, Any]]:
+    return {
+        m["metadata"]["name"].removeprefix(POLICY_PREFIX): m
+        for m in admission_policies(CONFIG, "test")
+        if m["kind"] == "ValidatingAdmissionPolicy"
+    }
+
+
+def demo_job(plan: Plan) -> dict[str, Any]:
+    job = next(
+        r
+        for r in plan.resources
+        if r.type.endswith(":Job") and r.name.endswith("demo-train-volcano")
+    )
+    return copy.deepcopy(job.inputs)
+
+
+def test_every_kubernetes_rule_has_cases_and_a_policy(policies: dict[str, dict[str, Any]]) -> None:
+    assert set(policies) == set(RULES)
+    assert {rule for rule, *_ in CASES} == set(RULES)
+    for rule in RULES:
+        assert any(not ok for r, _, _, ok in CASES if r == rule), f"{rule} has no failing case"
+
+
+@pytest.mark.parametrize(
+    ("rule", "case", "mutate", "admitted"), CASES, ids=[f"{r}: {c}" for r, c, _, _ in CASES]
+)
+def test_python_rule_and_cel_agree(
+    rule: str,
+    case: str,
+    mutate: Mutation | None,
+    admitted: bool,
+    policies: dict[str, dict[str, Any]],
+    example_plans: dict[str, Plan],
+) -> None:
+    del case
+    job = demo_job(example_plans["vision"])
+    if mutate is not None:
+        mutate(job)
+    python_ok = not RULES[rule].check(job, CONFIG)
+    cel_ok = evaluate(policies[rule], job, NAMESPACE)
+    assert python_ok is admitted, RULES[rule].check(job, CONFIG)
+    assert cel_ok is admitted

@@ -1,0 +1,188 @@
+"""The CrossGuard pack: every rule through the pack's own policy objects, the folder as the
+Pulumi CLI starts it, and the preview's policy gate."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import EXAMPLE_STACKS, ROOT, STACKS
+from tests.policy.test_equivalence import CASES, CONFIG, Mutation, demo_job
+from trainstack.cli import app
+from trainstack.policy.pack import crossguard_policies, evaluate
+from trainstack.policy.rules import AWS_RULES, K8S_RULES, RULES, STACK_RULES, VOLCANO_JOB
+from trainstack.preview.plan import Plan
+
+PACK_CONFIG = {
+    "allowedRegistries": list(CONFIG.allowed_registries),
+    "teamMaxDurationHours": dict(CONFIG.team_max_duration_hours),
+}
+
+
+def rules_hit(resources: list[tuple[str, str, dict[str, Any]]], config: dict[str, Any]) -> set[str]:
+    return {v.rule for v in evaluate(resources, config)}
+
+
+@pytest.mark.parametrize(
+    ("rule", "case", "mutate", "admitted"), CASES, ids=[f"{r}: {c}" for r, c, _, _ in CASES]
+)
+def test_kubernetes_rules_through_the_crossguard_api(
+    rule: str, case: str, mutate: Mutation | None, admitted: bool, example_plans: dict[str, Plan]
+) -> None:
+    del case
+    job = demo_job(example_plans["vision"])
+    if mutate is not None:
+        mutate(job)
+    hit = rules_hit([(VOLCANO_JOB, "job", job)], PACK_CONFIG)
+    assert (rule not in hit) is admitted, hit
+
+
+TEMPLATE = {
+    "metadataOptions": {"httpTokens": "required"},
+    "blockDeviceMappings": [{"deviceName": "/dev/xvda", "ebs": {"encrypted": "true"}}],
+}
+LT = "aws:ec2/launchTemplate:LaunchTemplate"
+FSX = "aws:fsx/lustreFileSystem:LustreFileSystem"
+EKS = "aws:eks/cluster:Cluster"
+OPTIONAL_IMDS = {**TEMPLATE, "metadataOptions": {"httpTokens": "optional"}}
+PLAIN_EBS = {**TEMPLATE, "blockDeviceMappings": [{"deviceName": "/dev/xvda", "ebs": {}}]}
+PROD = {"production": True}
+
+
+def endpoint(public: bool, cidrs: list[str] | None = None) -> dict[str, Any]:
+    vpc: dict[str, Any] = {"endpointPublicAccess": public}
+    if cidrs is not None:
+        vpc["publicAccessCidrs"] = cidrs
+    return {"vpcConfig": vpc}
+
+
+AWS_CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
+    ("imdsv2-required", LT, TEMPLATE, {}, True),
+    ("imdsv2-required", LT, OPTIONAL_IMDS, {}, False),
+    ("ebs-encrypted", LT, TEMPLATE, {}, True),
+    ("ebs-encrypted", LT, PLAIN_EBS, {}, False),
+    ("fsx-encrypted", FSX, {"deploymentType": "PERSISTENT_2", "kmsKeyId": "arn:k"}, {}, True),
+    ("fsx-encrypted", FSX, {"deploymentType": "PERSISTENT_2"}, {}, False),
+    ("fsx-encrypted", FSX, {"deploymentType": "SCRATCH_2"}, {}, True),
+    ("eks-endpoint-not-open", EKS, endpoint(True, ["0.0.0.0/0"]), PROD, False),
+    ("eks-endpoint-not-open", EKS, endpoint(True), PROD, False),
+    ("eks-endpoint-not-open", EKS, endpoint(True, ["203.0.113.0/24"]), PROD, True),
+    ("eks-endpoint-not-open", EKS, endpoint(True, ["0.0.0.0/0"]), {"production": False}, True),
+    ("eks-endpoint-not-open", EKS, endpoint(False), PROD, True),
+]
+
+
+@pytest.mark.parametrize(("rule", "rtype", "props", "config", "ok"), AWS_CASES)
+def test_aws_rules(
+    rule: str, rtype: str, props: dict[str, Any], config: dict[str, Any], ok: bool
+) -> None:
+    assert (rule not in rules_hit([(rtype, "r", props)], config)) is ok
+
+
+def bucket_stack(sse: bool, block: dict[str, bool]) -> list[tuple[str, str, dict[str, Any]]]:
+    resources: list[tuple[str, str, dict[str, Any]]] = [
+        ("aws:s3/bucket:Bucket", "ckpt", {"bucket": "acme-ckpt"})
+    ]
+    if sse:
+        rule = {"applyServerSideEncryptionByDefault": {"sseAlgorithm": "aws:kms"}}
+        resources.append((
+            "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+            "ckpt", {"bucket": "acme-ckpt", "rules": [rule]},
+        ))  # fmt: skip
+    if block:
+        resources.append(
+            (
+                "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
+                "ckpt",
+                {"bucket": "ckpt-id", **block},
+            )
+        )
+    return resources
+
+
+ALL_ON = dict.fromkeys(
+    ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets"), True
+)
+
+
+def test_s3_stack_rules() -> None:
+    assert rules_hit(bucket_stack(True, ALL_ON), {}) == set()
+    assert rules_hit(bucket_stack(False, ALL_ON), {}) == {"s3-encrypted"}
+    assert rules_hit(bucket_stack(True, {}), {}) == {"s3-public-access-blocked"}
+    assert rules_hit(bucket_stack(True, {**ALL_ON, "restrictPublicBuckets": False}), {}) == {
+        "s3-public-access-blocked"
+    }
+
+
+def test_every_rule_is_in_the_pack() -> None:
+    names = [p.name for p in crossguard_policies()]
+    assert names == [r.name for r in RULES] + [r.name for r in STACK_RULES]
+    assert len(K8S_RULES) + len(AWS_RULES) == len(RULES)
+
+
+def test_pack_folder_starts_like_the_pulumi_cli_starts_it() -> None:
+    """`python -m pulumi.policy <engine> <dir>` constructs the PolicyPack: it prints its port."""
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-m", "pulumi.policy", "127.0.0.1:1", str(ROOT / "policies")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline().strip()
+        assert first.isdigit(), (
+            first,
+            proc.stderr.read() if proc.poll() is not None and proc.stderr else "",
+        )
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("stack", EXAMPLE_STACKS)
+def test_examples_have_no_mandatory_violations(stack: str, example_plans: dict[str, Plan]) -> None:
+    assert example_plans[stack].mandatory_violations == []
+
+
+def test_preview_fails_on_a_job_that_breaks_a_rule(tmp_path: Path) -> None:
+    for name in ("Pulumi.yaml", "__main__.py"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / "stacks").mkdir()
+    prod = (STACKS / "Pulumi.prod.yaml").read_text()
+    # The platform now only trusts another registry; the demo job's image is not from it.
+    prod = prod.replace(
+        "    registry:\n      groups:",
+        "    policy: {allowedRegistries: [trusted.example.com/]}\n    registry:\n      groups:",
+    )
+    (tmp_path / "stacks" / "Pulumi.prod.yaml").write_text(prod)
+    shutil.copy(STACKS / "Pulumi.vision.yaml", tmp_path / "stacks" / "Pulumi.vision.yaml")
+    shutil.copytree(ROOT / "job_specs", tmp_path / "job_specs")
+    result = CliRunner().invoke(
+        app, ["preview", "vision", "--project-dir", str(tmp_path), "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 3, result.output
+    assert "pinned-images" in result.output
+    assert "policy: mandatory violations in vision" in result.output
+    report = json.loads((tmp_path / "o" / "vision" / "plan.json").read_text())["policy"]
+    messages = [v["message"] for v in report["violations"] if v["rule"] == "pinned-images"]
+    assert messages, report
+    assert all("is not from an allowed registry" in m for m in messages)
+    assert all(
+        "Fix: use image:tag or image@sha256:… from an allowed registry" in m for m in messages
+    )
+
+
+def test_advisory_rules_warn_without_failing(
+    tmp_path: Path, example_plans: dict[str, Plan]
+) -> None:
+    job = copy.deepcopy(demo_job(example_plans["vision"]))
+    job["spec"]["queue"] = "nlp"
+    found = evaluate([(VOLCANO_JOB, "j", job)], {}, {"own-queue": "advisory"})
+    assert [(v.rule, v.level) for v in found] == [("own-queue", "advisory")]

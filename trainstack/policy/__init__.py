@@ -1,0 +1,1 @@
+"""One rule set, three enforcement points: CrossGuard, the offline preview, and CEL."""

@@ -1,0 +1,201 @@
+"""The Kubernetes rules as ValidatingAdmissionPolicies (CEL), for kubectl-submitted work.
+
+Each expression states the same rule as the Python function of the same name in
+rules.py; tests evaluate both on the same objects and require the same verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from trainstack.builders import labels
+from trainstack.policy.rules import (
+    CHECKPOINT_ENV,
+    CHECKPOINT_PATH,
+    DEVICE_PREFIXES,
+    DEVICE_RESOURCES,
+    GPU_TAINT_KEY,
+    K8S_RULES,
+    MAX_DURATION_ANNOTATION,
+    PINNED_IMAGE,
+    Config,
+)
+
+POLICY_PREFIX = "trainstack-rule-"
+
+
+def _str(value: str) -> str:
+    return json.dumps(value)  # a CEL string literal (JSON escaping is valid CEL)
+
+
+def _list(values: tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join(_str(v) for v in values) + "]"
+
+
+def _each_container(body: str) -> str:
+    """BODY (over `c`) holds for every container and init container of every task."""
+    return (
+        f"variables.pods.all(p, p.containers.all(c, {body}) && "
+        f"(!has(p.initContainers) || p.initContainers.all(c, {body})))"
+    )
+
+
+def _is_device(key: str) -> str:
+    named = " || ".join(f"{key} == {_str(r)}" for r in DEVICE_RESOURCES)
+    prefixed = " || ".join(f"{key}.startsWith({_str(p)})" for p in DEVICE_PREFIXES)
+    return f"({named} || {prefixed})"
+
+
+def _q(expr: str) -> str:
+    return f"quantity(string({expr})).asApproximateFloat()"
+
+
+def _first_container_mount(path: str, volume_test: str) -> str:
+    """The first container mounts PATH from a volume satisfying VOLUME_TEST (over `v`)."""
+    return (
+        "variables.pods.all(p, has(p.containers[0].volumeMounts) && "
+        f"p.containers[0].volumeMounts.exists(m, m.mountPath == {_str(path)} && "
+        f"has(p.volumes) && p.volumes.exists(v, v.name == m.name && {volume_test})))"
+    )
+
+
+def expressions(cfg: Config) -> dict[str, str]:
+    """CEL per rule name, with this stack's thresholds baked in."""
+    ratio = " && ".join(
+        f"(({_str(n)} in c.resources.limits && {_str(n)} in c.resources.requests) ? "
+        f"{_q('c.resources.limits[' + _str(n) + ']')} <= {bound!r} * "
+        f"{_q('c.resources.requests[' + _str(n) + ']')} + 1e-9 : true)"
+        for n, bound in (
+            ("cpu", float(cfg.max_cpu_limit_request_ratio)),
+            ("memory", float(cfg.max_memory_limit_request_ratio)),
+        )
+    )
+    devices = (
+        "!has(c.resources) || ((!has(c.resources.limits) || c.resources.limits.all(k, "
+        f"!{_is_device('k')} || (has(c.resources.requests) && k in c.resources.requests && "
+        "quantity(string(c.resources.requests[k])).compareTo("
+        "quantity(string(c.resources.limits[k]))) == 0))) && "
+        "(!has(c.resources.requests) || c.resources.requests.all(k, "
+        f"!{_is_device('k')} || (has(c.resources.limits) && k in c.resources.limits))))"
+    )
+    ns_ann = "namespaceObject.metadata.annotations"
+    team_max = _str(labels.TEAM_MAX_JOB_HOURS_ANNOTATION)
+    duration = _str(MAX_DURATION_ANNOTATION)
+    limit_hours = (
+        f"((has({ns_ann}) && {team_max} in {ns_ann}) ? double({ns_ann}[{team_max}]) : "
+        f"{float(cfg.max_duration_hours)!r})"
+    )
+    ann = "object.metadata.annotations"
+    gpu = _str(GPU_TAINT_KEY)
+    wants_gpu = (
+        f"(p.containers.exists(c, has(c.resources) && has(c.resources.limits) && "
+        f"{gpu} in c.resources.limits) || (has(p.initContainers) && p.initContainers.exists(c, "
+        f"has(c.resources) && has(c.resources.limits) && {gpu} in c.resources.limits)))"
+    )
+    interval_names = " || ".join(f"e.name == {_str(n)}" for n in CHECKPOINT_ENV)
+    registries = tuple(cfg.allowed_registries)
+    pinned = f"c.image.matches({_str(PINNED_IMAGE.pattern)}) && !c.image.endsWith(':latest')" + (
+        f" && {_list(registries)}.exists(r, c.image.startsWith(r))" if registries else ""
+    )
+    host_paths = _list(tuple(cfg.allowed_host_paths))
+    return {
+        "request-limit-ratio": _each_container(
+            "!has(c.resources) || !has(c.resources.limits) || !has(c.resources.requests) || "
+            f"({ratio})"
+        ),
+        "devices-requests-equal-limits": _each_container(devices),
+        "max-duration": (
+            f"has({ann}) && {duration} in {ann} && double({ann}[{duration}]) > 0.0 && "
+            f"double({ann}[{duration}]) <= {limit_hours} * 3600.0"
+        ),
+        "checkpoint-volume": (
+            _first_container_mount(CHECKPOINT_PATH, "has(v.persistentVolumeClaim)")
+            + " && variables.pods.all(p, has(p.containers[0].env) && p.containers[0].env.exists(e, "
+            f"({interval_names}) && has(e.value) && e.value.matches('^[0-9]+$') && "
+            "int(e.value) > 0))"
+        ),
+        "pinned-images": _each_container(pinned),
+        "gpu-placement": (
+            f"variables.pods.all(p, !{wants_gpu} || ((has(p.tolerations) && "
+            f"p.tolerations.exists(t, has(t.key) && t.key == {gpu} && "
+            "(!has(t.effect) || t.effect == 'NoSchedule'))) && "
+            "((has(p.nodeSelector) && size(p.nodeSelector) > 0) || (has(p.affinity) && "
+            "has(p.affinity.nodeAffinity) && "
+            "has(p.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)))))"
+        ),
+        "own-queue": "has(object.spec.queue) && object.spec.queue == namespaceObject.metadata.name",
+        "shm-sized": _first_container_mount(
+            "/dev/shm",
+            "has(v.emptyDir) && has(v.emptyDir.medium) && v.emptyDir.medium == 'Memory' && "
+            "has(v.emptyDir.sizeLimit)",
+        ),
+        "no-privileged": (
+            "variables.pods.all(p, !(has(p.hostNetwork) && p.hostNetwork) && "
+            "!(has(p.hostPID) && p.hostPID) && !(has(p.hostIPC) && p.hostIPC) && "
+            "(!has(p.volumes) || p.volumes.all(v, !has(v.hostPath) || "
+            f"{host_paths}.exists(a, v.hostPath.path.startsWith(a)))))"
+            " && "
+            + _each_container(
+                "!(has(c.securityContext) && has(c.securityContext.privileged) && "
+                "c.securityContext.privileged)"
+            )
+        ),
+    }
+
+
+PODS_VARIABLE = {"name": "pods", "expression": "object.spec.tasks.map(t, t.template.spec)"}
+
+
+def admission_policies(
+    cfg: Config, stack: str, advisory: frozenset[str] = frozenset()
+) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy and its Binding per rule, for team namespaces."""
+    cel = expressions(cfg)
+    manifests: list[dict[str, Any]] = []
+    for rule in K8S_RULES:
+        name = f"{POLICY_PREFIX}{rule.name}"
+        meta = {"name": name, "labels": {**labels.base_labels(stack), labels.ROLE: "policy"}}
+        manifests.append(
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": meta,
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {
+                        "resourceRules": [
+                            {
+                                "apiGroups": ["batch.volcano.sh"],
+                                "apiVersions": ["v1alpha1"],
+                                "operations": ["CREATE", "UPDATE"],
+                                "resources": ["jobs"],
+                            }
+                        ]
+                    },
+                    "variables": [PODS_VARIABLE],
+                    "validations": [
+                        {
+                            "expression": cel[rule.name],
+                            "message": f"{rule.description}. Fix: {rule.remediation}",
+                            "reason": "Forbidden",
+                        }
+                    ],
+                },
+            }
+        )
+        mandatory = rule.level == "mandatory" and rule.name not in advisory
+        actions = ["Deny"] if mandatory else ["Warn", "Audit"]
+        manifests.append(
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": meta,
+                "spec": {
+                    "policyName": name,
+                    "validationActions": actions,
+                    "matchResources": {"namespaceSelector": {"matchLabels": {labels.ROLE: "team"}}},
+                },
+            }
+        )
+    return manifests

@@ -1,0 +1,156 @@
+"""The rules as CrossGuard policies, and running them in-process over a plan.
+
+`policies/__main__.py` builds the PolicyPack from `crossguard_policies()`; `trainstack
+preview` calls `evaluate()` with the same policy objects, with props as the analyzer sends
+them (floats, read-only proxies).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyConfigSchema,
+    PolicyCustomTimeouts,
+    PolicyResource,
+    PolicyResourceOptions,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+from pulumi_policy.proxy import unknown_checking_proxy
+
+from trainstack.policy.rules import RULES, STACK_RULES, Config, Rule, StackRule
+
+PACK_NAME = "trainstack"
+LEVELS = {
+    "advisory": EnforcementLevel.ADVISORY,
+    "mandatory": EnforcementLevel.MANDATORY,
+    "disabled": EnforcementLevel.DISABLED,
+}
+# One config schema for the whole pack: every policy reads the same thresholds.
+CONFIG_SCHEMA = PolicyConfigSchema(
+    properties={
+        "maxCpuLimitRequestRatio": {"type": "number", "minimum": 1, "default": 2},
+        "maxMemoryLimitRequestRatio": {"type": "number", "minimum": 1, "default": 1},
+        "maxDurationHours": {"type": "number", "exclusiveMinimum": 0, "default": 168},
+        "teamMaxDurationHours": {"type": "object", "additionalProperties": {"type": "number"}},
+        "allowedRegistries": {"type": "array", "items": {"type": "string"}, "default": []},
+        "allowedHostPaths": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": ["/dev/infiniband"],
+        },
+        "production": {"type": "boolean", "default": False},
+    }
+)
+
+
+def _resource_policy(rule: Rule) -> ResourceValidationPolicy:
+    def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
+        if args.resource_type not in rule.resource_types:
+            return
+        for message in rule.check(args.props, Config.from_mapping(args.get_config())):
+            report(f"{message}. Fix: {rule.remediation}", None)
+
+    return ResourceValidationPolicy(
+        name=rule.name,
+        description=rule.description,
+        validate=validate,
+        enforcement_level=LEVELS[rule.level],
+        config_schema=CONFIG_SCHEMA,
+    )
+
+
+def _stack_policy(rule: StackRule) -> StackValidationPolicy:
+    def validate(args: StackValidationArgs, report: ReportViolation) -> None:
+        resources = [(r.resource_type, r.name, r.props) for r in args.resources]
+        urns = {r.name: r.urn for r in args.resources}
+        for name, message in rule.check(resources):
+            report(f"{message}. Fix: {rule.remediation}", urns.get(name))
+
+    return StackValidationPolicy(
+        name=rule.name,
+        description=rule.description,
+        validate=validate,
+        enforcement_level=LEVELS[rule.level],
+        config_schema=CONFIG_SCHEMA,
+    )
+
+
+def crossguard_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
+    return [*(_resource_policy(r) for r in RULES), *(_stack_policy(r) for r in STACK_RULES)]
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    resource: str
+    message: str
+    level: str
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "rule": self.rule,
+            "resource": self.resource,
+            "message": self.message,
+            "level": self.level,
+        }
+
+
+def _wire(props: Mapping[str, Any]) -> Any:
+    """Props as the analyzer delivers them: numbers as floats, read-only proxies."""
+    return unknown_checking_proxy(json.loads(json.dumps(props), parse_int=float))
+
+
+def _opts() -> PolicyResourceOptions:
+    return PolicyResourceOptions(False, [], False, [], PolicyCustomTimeouts(0, 0, 0), [])
+
+
+def _collector(found: list[tuple[str, str]], default: str) -> ReportViolation:
+    def report(message: str, urn: str | None = None) -> None:
+        found.append((str(urn or default), message))
+
+    return report
+
+
+def evaluate(
+    resources: Sequence[tuple[str, str, Mapping[str, Any]]],
+    config: Mapping[str, Any],
+    levels: Mapping[str, str] | None = None,
+) -> list[Violation]:
+    """Run every policy of the pack over (type, name, inputs), like `--policy-pack`."""
+    levels = levels or {}
+    found: list[Violation] = []
+    for rule in RULES:
+        level = levels.get(rule.name, rule.level)
+        if level == "disabled":
+            continue
+        policy = _resource_policy(rule)
+        for rtype, name, props in resources:
+            messages: list[tuple[str, str]] = []
+            args = ResourceValidationArgs(
+                rtype, _wire(props), f"urn:{rtype}::{name}", name, _opts(), None, dict(config)
+            )
+            policy.validate(args, _collector(messages, name))
+            found += [Violation(rule.name, n, m, level) for n, m in messages]
+    stack = [
+        PolicyResource(rtype, _wire(props), name, name, _opts(), None, None, [], {})
+        for rtype, name, props in resources
+    ]
+    for stack_rule in STACK_RULES:
+        level = levels.get(stack_rule.name, stack_rule.level)
+        if level == "disabled":
+            continue
+        messages = []
+        _stack_policy(stack_rule).validate(
+            StackValidationArgs(stack, dict(config)), _collector(messages, "(stack)")
+        )
+        found += [Violation(stack_rule.name, n, m, level) for n, m in messages]
+    return found

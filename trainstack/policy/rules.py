@@ -1,0 +1,424 @@
+"""The platform's rules, each a small named function over a resource's properties.
+
+Functions read `props` through the Mapping/Sequence protocols only and treat numbers as
+floats, so the same code runs on plain dicts (offline preview, tests) and on the proxies
+the CrossGuard analyzer hands a policy. `builders/admission.py` renders the Kubernetes
+rules as CEL for in-cluster admission; tests check the two agree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Level = Literal["advisory", "mandatory", "disabled"]
+VOLCANO_JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
+DEVICE_RESOURCES = ("nvidia.com/gpu", "vpc.amazonaws.com/efa", "hugepages-2Mi")
+DEVICE_PREFIXES = ("rdma/",)
+CHECKPOINT_PATH = "/checkpoints"
+CHECKPOINT_ENV = ("TRAINSTACK_CHECKPOINT_INTERVAL_S", "TRAINSTACK_CHECKPOINT_EVERY")
+MAX_DURATION_ANNOTATION = "trainstack.io/max-duration-seconds"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+PINNED_IMAGE = re.compile(r"^.+(@sha256:[a-f0-9]{64}|:[^/:@]+)$")
+_UNITS = {
+    "": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40,
+}  # fmt: skip
+
+
+def quantity(value: object) -> float:
+    """A Kubernetes quantity (`500m`, `16Gi`, `8`) as a number."""
+    match = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", str(value))
+    if not match or match.group(2) not in _UNITS:
+        raise ValueError(f"not a quantity: {value!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def is_device(name: str) -> bool:
+    return name in DEVICE_RESOURCES or name.startswith(DEVICE_PREFIXES)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Thresholds; per stack through `--policy-pack-config` (schema in the pack)."""
+
+    max_cpu_limit_request_ratio: float = 2.0
+    max_memory_limit_request_ratio: float = 1.0
+    max_duration_hours: float = 168.0
+    team_max_duration_hours: Mapping[str, float] = field(default_factory=dict)
+    allowed_registries: Sequence[str] = ()
+    allowed_host_paths: Sequence[str] = ("/dev/infiniband",)
+    production: bool = False
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> Config:
+        return cls(
+            max_cpu_limit_request_ratio=float(raw.get("maxCpuLimitRequestRatio", 2.0)),
+            max_memory_limit_request_ratio=float(raw.get("maxMemoryLimitRequestRatio", 1.0)),
+            max_duration_hours=float(raw.get("maxDurationHours", 168.0)),
+            team_max_duration_hours={
+                str(k): float(v) for k, v in dict(raw.get("teamMaxDurationHours", {})).items()
+            },
+            allowed_registries=tuple(raw.get("allowedRegistries", ())),
+            allowed_host_paths=tuple(raw.get("allowedHostPaths", ("/dev/infiniband",))),
+            production=bool(raw.get("production", False)),
+        )
+
+
+# -- walking a Volcano Job ------------------------------------------------------------------
+
+
+def _seq(value: object) -> Sequence[Any]:
+    return value if isinstance(value, Sequence) and not isinstance(value, str) else ()
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def pods(job: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(task name, pod spec) for every task of a Volcano Job."""
+    for task in _seq(_map(job.get("spec")).get("tasks")):
+        yield str(_map(task).get("name", "?")), _map(_map(_map(task).get("template")).get("spec"))
+
+
+def containers(pod: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    for key in ("initContainers", "containers"):
+        for container in _seq(pod.get(key)):
+            yield _map(container)
+
+
+# -- the rules ------------------------------------------------------------------------------
+
+Check = Callable[[Mapping[str, Any], Config], list[str]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    description: str
+    remediation: str
+    resource_types: tuple[str, ...]
+    check: Check
+    level: Level = "mandatory"
+
+
+def request_limit_ratio(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    found = []
+    for task, pod in pods(job):
+        for c in containers(pod):
+            res = _map(c.get("resources"))
+            requests, limits = _map(res.get("requests")), _map(res.get("limits"))
+            for name, bound in (
+                ("cpu", cfg.max_cpu_limit_request_ratio),
+                ("memory", cfg.max_memory_limit_request_ratio),
+            ):
+                if name in requests and name in limits:
+                    ratio = quantity(limits[name]) / quantity(requests[name])
+                    if ratio > bound + 1e-9:
+                        found.append(
+                            f"task {task}, container {c.get('name')}: {name} limit/request "
+                            f"{ratio:g} exceeds {bound:g}"
+                        )
+    return found
+
+
+def devices_requests_equal_limits(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    del cfg
+    found = []
+    for task, pod in pods(job):
+        for c in containers(pod):
+            res = _map(c.get("resources"))
+            requests, limits = _map(res.get("requests")), _map(res.get("limits"))
+            for name in sorted({*requests, *limits}):
+                if not is_device(name):
+                    continue
+                if (
+                    name not in requests
+                    or name not in limits
+                    or quantity(requests[name]) != quantity(limits[name])
+                ):
+                    found.append(
+                        f"task {task}, container {c.get('name')}: {name} request "
+                        f"{requests.get(name)} != limit {limits.get(name)}"
+                    )
+    return found
+
+
+def max_duration(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    meta = _map(job.get("metadata"))
+    raw = _map(meta.get("annotations")).get(MAX_DURATION_ANNOTATION)
+    team = str(meta.get("namespace", ""))
+    limit_h = cfg.team_max_duration_hours.get(team, cfg.max_duration_hours)
+    if raw is None:
+        return [
+            f"no {MAX_DURATION_ANNOTATION} annotation: every training job needs a maximum duration"
+        ]
+    try:
+        seconds = float(raw)
+    except ValueError:
+        return [f"{MAX_DURATION_ANNOTATION}={raw!r} is not a number of seconds"]
+    if seconds <= 0 or seconds > limit_h * 3600:
+        return [
+            f"maximum duration {seconds / 3600:g}h is outside (0, {limit_h:g}h] "
+            f"for team {team or '?'}"
+        ]
+    return []
+
+
+def checkpoint_volume(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    del cfg
+    found = []
+    for task, pod in pods(job):
+        volumes = {str(_map(v).get("name")): _map(v) for v in _seq(pod.get("volumes"))}
+        main = _map(next(iter(_seq(pod.get("containers"))), None))
+        mounts = [_map(m) for m in _seq(main.get("volumeMounts"))]
+        mount = next((m for m in mounts if m.get("mountPath") == CHECKPOINT_PATH), None)
+        if mount is None:
+            found.append(f"task {task}: nothing is mounted at {CHECKPOINT_PATH}")
+        elif "persistentVolumeClaim" not in volumes.get(str(mount.get("name")), {}):
+            found.append(f"task {task}: {CHECKPOINT_PATH} is not a persistent volume claim")
+        env = {str(_map(e).get("name")): _map(e).get("value") for e in _seq(main.get("env"))}
+        intervals = [env[k] for k in CHECKPOINT_ENV if k in env]
+        if not any(str(v).isdigit() and int(str(v)) > 0 for v in intervals):
+            found.append(f"task {task}: no checkpoint interval ({' or '.join(CHECKPOINT_ENV)})")
+    return found
+
+
+def pinned_images(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    found = []
+    for task, pod in pods(job):
+        for c in containers(pod):
+            image = str(c.get("image", ""))
+            if not PINNED_IMAGE.match(image) or image.endswith(":latest"):
+                found.append(f"task {task}: image {image!r} is not pinned by tag or digest")
+            elif cfg.allowed_registries and not any(
+                image.startswith(r) for r in cfg.allowed_registries
+            ):
+                found.append(f"task {task}: image {image!r} is not from an allowed registry")
+    return found
+
+
+def gpu_placement(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    del cfg
+    found = []
+    for task, pod in pods(job):
+        wants_gpu = any(
+            GPU_TAINT_KEY in _map(_map(c.get("resources")).get("limits")) for c in containers(pod)
+        )
+        if not wants_gpu:
+            continue
+        tolerates = any(
+            _map(t).get("key") == GPU_TAINT_KEY and _map(t).get("effect") in ("NoSchedule", None)
+            for t in _seq(pod.get("tolerations"))
+        )
+        affinity = _map(_map(pod.get("affinity")).get("nodeAffinity")).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        if not tolerates:
+            found.append(
+                f"task {task}: requests GPUs but does not tolerate the {GPU_TAINT_KEY} taint"
+            )
+        if not _map(pod.get("nodeSelector")) and not affinity:
+            found.append(
+                f"task {task}: requests GPUs but targets no GPU pool "
+                "(nodeSelector or node affinity)"
+            )
+    return found
+
+
+def own_queue(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    del cfg
+    queue = _map(job.get("spec")).get("queue")
+    namespace = _map(job.get("metadata")).get("namespace")
+    if queue != namespace:
+        return [f"queue {queue!r} is not the team's own queue {namespace!r}"]
+    return []
+
+
+def shm_sized(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    del cfg
+    found = []
+    for task, pod in pods(job):
+        volumes = {str(_map(v).get("name")): _map(v) for v in _seq(pod.get("volumes"))}
+        main = _map(next(iter(_seq(pod.get("containers"))), {}))
+        mount = next(
+            (
+                _map(m)
+                for m in _seq(main.get("volumeMounts"))
+                if _map(m).get("mountPath") == "/dev/shm"
+            ),
+            None,
+        )
+        shm = _map(volumes.get(str(mount.get("name")), {}).get("emptyDir")) if mount else {}
+        if shm.get("medium") != "Memory" or "sizeLimit" not in shm:
+            found.append(f"task {task}: /dev/shm is not a sized, memory-backed emptyDir")
+    return found
+
+
+def no_privileged(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    found = []
+    for task, pod in pods(job):
+        for key in ("hostNetwork", "hostPID", "hostIPC"):
+            if pod.get(key) is True:
+                found.append(f"task {task}: {key} is not allowed")
+        for c in containers(pod):
+            if _map(c.get("securityContext")).get("privileged") is True:
+                found.append(f"task {task}, container {c.get('name')}: privileged is not allowed")
+        for v in _seq(pod.get("volumes")):
+            path = _map(_map(v).get("hostPath")).get("path")
+            if path is not None and not any(
+                str(path).startswith(p) for p in cfg.allowed_host_paths
+            ):
+                found.append(f"task {task}: hostPath {path} is not allow-listed")
+    return found
+
+
+# -- AWS --------------------------------------------------------------------------------------
+
+
+def imdsv2_required(props: Mapping[str, Any], cfg: Config) -> list[str]:
+    del cfg
+    if _map(props.get("metadataOptions")).get("httpTokens") != "required":
+        return ["metadataOptions.httpTokens must be 'required' (IMDSv2)"]
+    return []
+
+
+def ebs_encrypted(props: Mapping[str, Any], cfg: Config) -> list[str]:
+    del cfg
+    return [
+        f"block device {_map(d).get('deviceName')} is not encrypted"
+        for d in _seq(props.get("blockDeviceMappings"))
+        if str(_map(_map(d).get("ebs")).get("encrypted")).lower() != "true"
+    ]
+
+
+def fsx_encrypted(props: Mapping[str, Any], cfg: Config) -> list[str]:
+    del cfg
+    # Scratch file systems are encrypted with an AWS-owned key; persistent ones need ours.
+    if str(props.get("deploymentType", "")).startswith("PERSISTENT") and not props.get("kmsKeyId"):
+        return ["a persistent FSx file system needs kmsKeyId (customer-managed encryption at rest)"]
+    return []
+
+
+def eks_endpoint_not_open(props: Mapping[str, Any], cfg: Config) -> list[str]:
+    if not cfg.production:
+        return []
+    vpc = _map(props.get("vpcConfig"))
+    if vpc.get("endpointPublicAccess") is False:
+        return []
+    cidrs = [str(c) for c in _seq(vpc.get("publicAccessCidrs"))]
+    if not cidrs or "0.0.0.0/0" in cidrs:
+        return ["production cluster: the public API endpoint is open to 0.0.0.0/0"]
+    return []
+
+
+K8S_RULES: tuple[Rule, ...] = (
+    Rule("request-limit-ratio", "CPU and memory limits stay within a ratio of requests",
+         "set limits at most maxCpuLimitRequestRatio (cpu) and maxMemoryLimitRequestRatio "
+         "(memory) times the requests", (VOLCANO_JOB,), request_limit_ratio),
+    Rule("devices-requests-equal-limits", "GPU, EFA/RDMA and hugepages requests equal limits",
+         "request exactly what you limit for devices", (VOLCANO_JOB,),
+         devices_requests_equal_limits),
+    Rule("max-duration", "every training job has a maximum duration within its team's",
+         "set maxDurationHours in the job spec, at most the team's maximum", (VOLCANO_JOB,),
+         max_duration),
+    Rule("checkpoint-volume", "every training job checkpoints to a persistent volume",
+         "add checkpoint: {intervalSeconds: …} to the job spec; the platform mounts the team's "
+         "checkpoint claim at /checkpoints", (VOLCANO_JOB,), checkpoint_volume),
+    Rule("pinned-images",
+         "images are pinned by tag (not latest) or digest, from allowed registries",
+         "use image:tag or image@sha256:… from an allowed registry", (VOLCANO_JOB,), pinned_images),
+    Rule("gpu-placement", "GPU pods tolerate the GPU taint and target a GPU pool",
+         "set spec.pool in the job spec", (VOLCANO_JOB,), gpu_placement),
+    Rule("own-queue", "a job uses its own team's queue",
+         "submit to the queue named like your team namespace", (VOLCANO_JOB,), own_queue),
+    Rule("shm-sized", "/dev/shm is a sized, memory-backed volume",
+         "set sharedMemory in the job spec", (VOLCANO_JOB,), shm_sized),
+    Rule("no-privileged", "no privileged containers, host namespaces or unlisted hostPath",
+         "remove privileged/hostNetwork/hostPID/hostIPC and hostPath volumes", (VOLCANO_JOB,),
+         no_privileged),
+)  # fmt: skip
+AWS_RULES: tuple[Rule, ...] = (
+    Rule("imdsv2-required", "launch templates require IMDSv2",
+         "set metadataOptions.httpTokens: required", ("aws:ec2/launchTemplate:LaunchTemplate",),
+         imdsv2_required),
+    Rule("ebs-encrypted", "EBS volumes are encrypted at rest",
+         "set ebs.encrypted: 'true' on every block device",
+         ("aws:ec2/launchTemplate:LaunchTemplate",),
+         ebs_encrypted),
+    Rule("fsx-encrypted", "persistent FSx file systems use a KMS key",
+         "set kmsKeyId", ("aws:fsx/lustreFileSystem:LustreFileSystem",), fsx_encrypted),
+    Rule("eks-endpoint-not-open", "production EKS endpoints are not open to the internet",
+         "set publicAccessCidrs to your networks, or publicAccess: false",
+         ("aws:eks/cluster:Cluster",), eks_endpoint_not_open),
+)  # fmt: skip
+RULES: tuple[Rule, ...] = K8S_RULES + AWS_RULES
+
+
+# -- stack-level rules: S3 buckets and their companion resources -------------------------------
+
+BUCKET = "aws:s3/bucket:Bucket"
+SSE = "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
+PAB = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
+PAB_FLAGS = ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
+
+
+@dataclass(frozen=True)
+class StackRule:
+    name: str
+    description: str
+    remediation: str
+    check: Callable[[Sequence[tuple[str, str, Mapping[str, Any]]]], list[tuple[str, str]]]
+    level: Level = "mandatory"
+
+
+def _bucket_companions(
+    resources: Sequence[tuple[str, str, Mapping[str, Any]]], companion: str
+) -> dict[str, list[Mapping[str, Any]]]:
+    """Each bucket's companion resources, found by the bucket's name or id."""
+    by_ref: dict[str, list[Mapping[str, Any]]] = {}
+    for rtype, _, props in resources:
+        if rtype == companion:
+            by_ref.setdefault(str(props.get("bucket")), []).append(props)
+    result: dict[str, list[Mapping[str, Any]]] = {}
+    for rtype, name, props in resources:
+        if rtype == BUCKET:
+            # A companion names the bucket by its id: the bucket name, or `<name>-id` offline.
+            refs = {str(props.get("bucket")), f"{name}-id"}
+            result[name] = [c for ref in sorted(refs) for c in by_ref.get(ref, [])]
+    return result
+
+
+def s3_encrypted(resources: Sequence[tuple[str, str, Mapping[str, Any]]]) -> list[tuple[str, str]]:
+    found = []
+    for name, configs in _bucket_companions(resources, SSE).items():
+        algorithms = {
+            str(_map(_map(r).get("applyServerSideEncryptionByDefault")).get("sseAlgorithm"))
+            for c in configs
+            for r in _seq(c.get("rules"))
+        }
+        if not algorithms & {"aws:kms", "aws:kms:dsse", "AES256"}:
+            found.append((name, "bucket has no server-side encryption configuration"))
+    return found
+
+
+def s3_public_access_blocked(
+    resources: Sequence[tuple[str, str, Mapping[str, Any]]],
+) -> list[tuple[str, str]]:
+    found = []
+    for name, configs in _bucket_companions(resources, PAB).items():
+        if not any(all(c.get(flag) is True for flag in PAB_FLAGS) for c in configs):
+            found.append((name, "bucket has no public access block with all four settings on"))
+    return found
+
+
+STACK_RULES: tuple[StackRule, ...] = (
+    StackRule("s3-encrypted", "S3 buckets are encrypted at rest",
+              "add a BucketServerSideEncryptionConfiguration (aws:kms)", s3_encrypted),
+    StackRule("s3-public-access-blocked", "S3 buckets block public access",
+              "add a BucketPublicAccessBlock with all four settings true",
+              s3_public_access_blocked),
+)  # fmt: skip

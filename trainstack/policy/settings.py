@@ -1,0 +1,31 @@
+"""A platform's guardrail settings as the pack's config (one source for all three uses)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainstack.config.model import PlatformConfig
+from trainstack.policy.rules import RULES, STACK_RULES, Config
+
+
+def pack_config(cfg: PlatformConfig) -> dict[str, Any]:
+    """The pack config `--policy-pack-config` would carry for this platform."""
+    policy = cfg.policy
+    return {
+        "maxCpuLimitRequestRatio": policy.max_cpu_limit_request_ratio,
+        "maxMemoryLimitRequestRatio": policy.max_memory_limit_request_ratio,
+        "maxDurationHours": max((t.max_job_hours for t in cfg.registry.teams), default=168.0),
+        "teamMaxDurationHours": {t.namespace: t.max_job_hours for t in cfg.registry.teams},
+        "allowedRegistries": list(policy.allowed_registries),
+        "allowedHostPaths": list(policy.allowed_host_paths),
+        "production": cfg.environment == "production",
+    }
+
+
+def levels(cfg: PlatformConfig) -> dict[str, str]:
+    names = {r.name for r in RULES} | {r.name for r in STACK_RULES}
+    return {name: "advisory" if name in cfg.policy.advisory else "mandatory" for name in names}
+
+
+def rule_config(cfg: PlatformConfig) -> Config:
+    return Config.from_mapping(pack_config(cfg))
