@@ -221,3 +221,28 @@ def test_render_job_reports_platform_errors_cleanly(tmp_path: Path) -> None:
         in result.output
     )
     assert "Traceback" not in result.output
+
+
+def test_every_variant_validates_against_the_volcano_crd(
+    view: PlatformView, example_plans: dict[str, Plan], reference: Path
+) -> None:
+    from tests.conformance.crds import crd_errors  # noqa: PLC0415 (needs the reference folder)
+
+    demo = load_job(DEMO)
+    variants = [
+        render(demo, view, "vision"),
+        render(load_job(PS), view, "vision"),
+        render(dataclasses.replace(demo, topology=Topology("soft", "zone")), view, "vision"),
+        render(
+            dataclasses.replace(
+                demo,
+                pool="l40s-dev",
+                data=Data("imagenet", "v1", "/mnt/data", "cache", "s3://acme-datasets/i/v1/"),
+                workers=dataclasses.replace(demo.workers, gpu_memory=None),
+            ),
+            PlatformView(example_plans["dev"].outputs),
+            "vision",
+        ),
+    ]
+    for manifest in variants:
+        assert crd_errors(reference, normalise(manifest)) == []
