@@ -51,6 +51,8 @@ class PlatformStorageArgs:
 class PlatformStorage(pulumi.ComponentResource):
     """Every team gets a dataset claim and a checkpoint claim; AWS adds durable S3 copies."""
 
+    _key: aws.kms.Key  # encrypts the bucket, the persistent file systems and EFS
+
     def __init__(
         self, name: str, args: PlatformStorageArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
@@ -63,16 +65,23 @@ class PlatformStorage(pulumi.ComponentResource):
         # Manifests may carry Outputs (ARNs, file-system ids); Pulumi resolves them.
         csi: dict[str, Any] | None = None
         role_arns: dict[str, pulumi.Output[str]] = {}
+        efs_handles: dict[str, pulumi.Output[str]] = {}
         if args.aws is not None:
             csi, role_arns = self._aws(name, cfg, args.aws)
+            if storage.efs is not None:
+                efs_handles = self._efs(name, cfg, args.aws)
         elif storage.existing_lustre is not None:
             csi = b.existing_lustre_csi(cfg)
         for team in cfg.registry.teams:
             account = b.training_service_account(cfg, team, role_arns.get(team.name))
             apply_manifest(f"{name}-sa-{team.name}", account, kube)
-            if csi is None:
+            if team.name in efs_handles:
+                volumes = b.efs_checkpoint_volume(cfg, team, efs_handles[team.name])
+            elif csi is not None:
+                volumes = b.team_volumes(cfg, team, csi)
+            else:
                 continue
-            for manifest in b.team_volumes(cfg, team, csi):
+            for manifest in volumes:
                 kind = "pv" if manifest["kind"] == "PersistentVolume" else "pvc"
                 claim = manifest["metadata"]["name"].removeprefix(f"{team.name}-")
                 apply_manifest(f"{name}-{team.name}-{claim}-{kind}", manifest, kube)
@@ -95,7 +104,7 @@ class PlatformStorage(pulumi.ComponentResource):
     ) -> tuple[dict[str, Any] | None, dict[str, pulumi.Output[str]]]:
         storage = cfg.storage
         child = pulumi.ResourceOptions(parent=self, provider=ctx.provider)
-        key = aws.kms.Key(
+        key = self._key = aws.kms.Key(
             f"{name}-key",
             description=f"{cfg.cluster_name} datasets and checkpoints",
             enable_key_rotation=True,
@@ -191,6 +200,63 @@ class PlatformStorage(pulumi.ComponentResource):
                 )
                 roles[team.name] = role.arn
         return csi, roles
+
+    def _efs(
+        self, name: str, cfg: PlatformConfig, ctx: AwsContext
+    ) -> dict[str, pulumi.Output[str]]:
+        """EFS for checkpoints: encrypted, a mount target per zone, an access point per team."""
+        assert cfg.storage.efs is not None
+        child = pulumi.ResourceOptions(parent=self, provider=ctx.provider)
+        group = aws.ec2.SecurityGroup(
+            f"{name}-efs-sg",
+            vpc_id=ctx.vpc_id,
+            description="EFS: NFS from the cluster's nodes",
+            tags={"Name": f"{cfg.cluster_name}-efs"},
+            opts=child,
+        )
+        aws.vpc.SecurityGroupIngressRule(
+            f"{name}-efs-nfs",
+            security_group_id=group.id,
+            referenced_security_group_id=ctx.node_security_group_id,
+            ip_protocol="tcp",
+            from_port=b.NFS_PORT,
+            to_port=b.NFS_PORT,
+            opts=child,
+        )
+        fs = aws.efs.FileSystem(
+            f"{name}-efs",
+            encrypted=True,
+            kms_key_id=self._key.arn,
+            throughput_mode=cfg.storage.efs.throughput_mode,
+            performance_mode="generalPurpose",
+            tags={"Name": f"{cfg.cluster_name}-checkpoints"},
+            opts=child,
+        )
+        for zone, subnet in ctx.subnets:
+            aws.efs.MountTarget(
+                f"{name}-efs-{zone}",
+                file_system_id=fs.id,
+                subnet_id=subnet,
+                security_groups=[group.id],
+                opts=child,
+            )
+        handles: dict[str, pulumi.Output[str]] = {}
+        for team in cfg.registry.teams:
+            point = aws.efs.AccessPoint(
+                f"{name}-efs-{team.name}",
+                file_system_id=fs.id,
+                posix_user=aws.efs.AccessPointPosixUserArgs(uid=b.EFS_POSIX_ID, gid=b.EFS_POSIX_ID),
+                root_directory=aws.efs.AccessPointRootDirectoryArgs(
+                    path=b.efs_access_point_root(team),
+                    creation_info=aws.efs.AccessPointRootDirectoryCreationInfoArgs(
+                        owner_uid=b.EFS_POSIX_ID, owner_gid=b.EFS_POSIX_ID, permissions="0770"
+                    ),
+                ),
+                tags={"Name": f"{cfg.cluster_name}-{team.name}", "trainstack:team": team.name},
+                opts=child,
+            )
+            handles[team.name] = pulumi.Output.concat(fs.id, "::", point.id)
+        return handles
 
     @staticmethod
     def _bucket(

@@ -214,3 +214,31 @@ def test_storage_output_for_the_job_layer(
         "serviceAccount": "training",
         "checkpointS3Uri": "s3://acme-trainstack-prod-checkpoints/teams/vision/",
     }
+
+
+def test_efs_checkpoints_for_small_setups(run_program: Callable[..., Recorded]) -> None:
+    cfg = load_stack_file(
+        Path(__file__).parent.parent / "config" / "fixtures" / "valid" / "efs.yaml"
+    )
+    assert isinstance(cfg, PlatformConfig)
+    rec = run(run_program, cfg)
+    fs = rec.one("aws:efs/fileSystem:FileSystem").inputs
+    assert fs["encrypted"] is True
+    assert fs["kmsKeyId"].endswith(":key/p-storage-key")
+    assert len(rec.of_type("aws:efs/mountTarget:MountTarget")) == 2  # one per zone
+    point = rec.one("aws:efs/accessPoint:AccessPoint", "p-storage-efs-vision").inputs
+    assert point["rootDirectory"]["path"] == "/teams/vision"
+    assert point["posixUser"] == {"uid": 1000, "gid": 1000}
+    nfs = rec.one("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule", "p-storage-efs-nfs")
+    assert (nfs.inputs["fromPort"], nfs.inputs["toPort"]) == (2049, 2049)
+    pv = rec.one("kubernetes:core/v1:PersistentVolume", "p-storage-vision-checkpoints-pv").inputs
+    assert pv["spec"]["csi"] == {
+        "driver": "efs.csi.aws.com",
+        "volumeHandle": "p-storage-efs-id::p-storage-efs-vision-id",
+    }
+    assert rec.of_type("aws:fsx/lustreFileSystem:LustreFileSystem") == []
+    assert [r.name for r in rec.of_type("kubernetes:core/v1:PersistentVolume")] == [
+        "p-storage-vision-checkpoints-pv"
+    ]  # no dataset claim without a dataset file system
+    addon = rec.one("aws:eks/addon:Addon", "p-cluster-aws-efs-csi-driver")
+    assert addon.inputs["podIdentityAssociations"][0]["serviceAccount"] == "efs-csi-controller-sa"

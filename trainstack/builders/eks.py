@@ -19,13 +19,17 @@ OIDC_AUDIENCE = "sts.amazonaws.com"
 ADDON_SERVICE_ACCOUNTS = {
     "aws-ebs-csi-driver": "ebs-csi-controller-sa",
     "aws-fsx-csi-driver": "fsx-csi-controller-sa",
+    "aws-efs-csi-driver": "efs-csi-controller-sa",
 }
 ADDON_POLICIES = {
     "aws-ebs-csi-driver": EBS_CSI_POLICY,
     "aws-fsx-csi-driver": f"{AWS_MANAGED}/AmazonFSxFullAccess",
+    "aws-efs-csi-driver": f"{AWS_MANAGED}/service-role/AmazonEFSCSIDriverPolicy",
 }
 # coredns needs nodes to schedule on; the rest are node-level and install first.
-ADDONS_AFTER_NODES = frozenset({"coredns", "aws-ebs-csi-driver", "aws-fsx-csi-driver"})
+ADDONS_AFTER_NODES = frozenset(
+    {"coredns", "aws-ebs-csi-driver", "aws-fsx-csi-driver", "aws-efs-csi-driver"}
+)
 
 
 def service_assume_role_policy(service: str) -> dict[str, Any]:

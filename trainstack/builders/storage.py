@@ -130,6 +130,7 @@ def _team_pv(
     access: str,
     csi: dict[str, Any],
     capacity_gib: int,
+    mount_options: tuple[str, ...] = ("flock",),
 ) -> list[dict[str, Any]]:
     """A static PV bound to exactly one claim in the team's namespace."""
     name = f"{team.name}-{claim}"
@@ -143,7 +144,7 @@ def _team_pv(
             "accessModes": [access],
             "persistentVolumeReclaimPolicy": "Retain",
             "storageClassName": "",
-            "mountOptions": ["flock"],
+            "mountOptions": list(mount_options),
             "claimRef": {"namespace": team.namespace, "name": claim},
             "csi": csi,
         },
@@ -192,6 +193,31 @@ def team_volumes(cfg: PlatformConfig, team: Team, csi: dict[str, Any]) -> list[d
     ]
 
 
+EFS_CSI_DRIVER = "efs.csi.aws.com"
+EFS_NOMINAL_GIB = 1024  # EFS is elastic; a PV still needs a capacity
+EFS_POSIX_ID = 1000  # the training images' non-root user
+NFS_PORT = 2049
+
+
+def efs_access_point_root(team: Team) -> str:
+    return f"/teams/{team.name}"
+
+
+def efs_checkpoint_volume(
+    cfg: PlatformConfig, team: Team, volume_handle: Any
+) -> list[dict[str, Any]]:
+    """The team's checkpoints on EFS, through its own access point (`fs-…::fsap-…`)."""
+    return _team_pv(
+        cfg,
+        team,
+        claim=CHECKPOINTS_CLAIM,
+        access="ReadWriteMany",
+        csi={"driver": EFS_CSI_DRIVER, "volumeHandle": volume_handle},
+        capacity_gib=EFS_NOMINAL_GIB,
+        mount_options=(),
+    )
+
+
 def existing_lustre_csi(cfg: PlatformConfig) -> dict[str, Any]:
     existing = cfg.storage.existing_lustre
     assert existing is not None
@@ -236,7 +262,7 @@ def local_provisioner_values(cfg: PlatformConfig) -> dict[str, Any]:
 def storage_output(cfg: PlatformConfig) -> dict[str, Any]:
     """Per team: the claims, mount paths and cache class the job layer wires into pods."""
     storage = cfg.storage
-    if not storage.has_shared_filesystem and storage.nvme_cache is None:
+    if not storage.has_checkpoint_volume and storage.nvme_cache is None:
         return {}
     teams: dict[str, Any] = {}
     for team in cfg.registry.teams:
@@ -246,8 +272,14 @@ def storage_output(cfg: PlatformConfig) -> dict[str, Any]:
                 "datasetClaim": DATASETS_CLAIM,
                 "datasetSubPath": DATASETS_PATH.lstrip("/"),
                 "datasetMountPath": DATASETS_PATH,
+            }
+        if storage.has_checkpoint_volume:
+            entry |= {
                 "checkpointClaim": CHECKPOINTS_CLAIM,
-                "checkpointSubPath": checkpoint_subpath(team),
+                # On EFS the team's access point is already its own directory.
+                "checkpointSubPath": (
+                    checkpoint_subpath(team) if storage.has_shared_filesystem else "checkpoints"
+                ),
                 "checkpointMountPath": CHECKPOINTS_MOUNT,
                 "serviceAccount": TRAINING_SERVICE_ACCOUNT,
             }

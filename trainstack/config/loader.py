@@ -349,7 +349,7 @@ def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
         cluster_name=cluster_name,
         kubernetes_version=doc["kubernetesVersion"],
         tags=tuple(sorted(doc.get("tags", {}).items())),
-        aws=_build_aws(aws, "lustre" in doc["storage"]) if aws is not None else None,
+        aws=_build_aws(aws, doc["storage"]) if aws is not None else None,
         existing=(
             m.ExistingCluster(kubeconfig=existing.get("kubeconfig"), context=existing["context"])
             if existing is not None
@@ -375,7 +375,7 @@ def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
     )
 
 
-def _build_aws(aws: dict[str, Any], lustre: bool) -> m.AwsSettings:
+def _build_aws(aws: dict[str, Any], storage: Mapping[str, Any]) -> m.AwsSettings:
     network = aws["network"]
     net: m.NewVpc | m.ExistingVpc
     if "existingVpc" in network:
@@ -418,13 +418,19 @@ def _build_aws(aws: dict[str, Any], lustre: bool) -> m.AwsSettings:
                 ),
                 disk_size_gib=system["diskSizeGiB"],
             ),
-            addons=_addons(cluster["addons"], ("aws-fsx-csi-driver",) if lustre else ()),
+            addons=_addons(cluster["addons"], _storage_addons(storage)),
         ),
     )
 
 
 # Installed on every EKS cluster; versions may be pinned in config.
 CORE_ADDONS = ("vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent", "aws-ebs-csi-driver")
+
+
+def _storage_addons(storage: Mapping[str, Any]) -> tuple[str, ...]:
+    """CSI drivers the configured storage needs, as EKS add-ons."""
+    needed = {"lustre": "aws-fsx-csi-driver", "efs": "aws-efs-csi-driver"}
+    return tuple(addon for key, addon in needed.items() if key in storage)
 
 
 def _addons(pins: Mapping[str, str], needed: tuple[str, ...]) -> tuple[m.AddonPin, ...]:

@@ -238,8 +238,14 @@ class NvmeCache:
 
 
 @dataclass(frozen=True)
+class Efs:
+    throughput_mode: str = "elastic"
+
+
+@dataclass(frozen=True)
 class Storage:
     lustre: Lustre | None = None
+    efs: Efs | None = None
     existing_lustre: ExistingLustre | None = None
     nvme_cache: NvmeCache | None = None
     checkpoint_bucket: str | None = None  # aws: durable copies
@@ -248,7 +254,12 @@ class Storage:
 
     @property
     def has_shared_filesystem(self) -> bool:
+        """A file system holding datasets (Lustre) — and so also checkpoints."""
         return self.lustre is not None or self.existing_lustre is not None
+
+    @property
+    def has_checkpoint_volume(self) -> bool:
+        return self.has_shared_filesystem or self.efs is not None
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,17 @@ def storage_checks(doc: Mapping[str, Any], root: str, zones: set[str] | None) ->
                     f"only used with cloud: {allowed}, but cloud is {cloud}; use {other}",
                 )
             )
+    if "efs" in storage and cloud == "existing":
+        issues.append(
+            ConfigIssue(join_path(path, "efs"), "EFS is created on aws only; use existingLustre")
+        )
+    if "efs" in storage and "lustre" in storage:
+        issues.append(
+            ConfigIssue(
+                join_path(path, "efs"),
+                "checkpoints already go to Lustre; remove efs (it is for setups without Lustre)",
+            )
+        )
     lustre = storage.get("lustre")
     if isinstance(lustre, Mapping) and cloud == "aws":
         issues += _lustre_checks(lustre, join_path(path, "lustre"), zones)
@@ -205,8 +216,10 @@ def build_storage(
     bucket = None
     if doc["cloud"] == "aws":
         bucket = checkpoints.get("bucket", f"{cluster_name}-checkpoints")
+    efs = m.Efs(throughput_mode=storage["efs"]["throughputMode"]) if "efs" in storage else None
     return m.Storage(
         lustre=lustre,
+        efs=efs,
         existing_lustre=existing,
         nvme_cache=cache,
         checkpoint_bucket=bucket,

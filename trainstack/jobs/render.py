@@ -192,6 +192,13 @@ def _storage_issues(spec: JobSpec, view: PlatformView) -> list[ConfigIssue]:
                 "existingLustre); ask the platform team to add one",
             )
         )
+    if spec.data is not None and spec.data.source == "lustre" and "datasetClaim" not in storage:
+        issues.append(
+            ConfigIssue(
+                "job.spec.data.source",
+                "the platform has no dataset file system (storage.lustre); use source: cache",
+            )
+        )
     if spec.data is None or spec.data.source != "cache":
         return issues
     if "cacheClass" not in storage:
