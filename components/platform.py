@@ -175,13 +175,19 @@ class Platform(pulumi.ComponentResource):
         self.outputs.scheduling = scheduling_output(cfg)
         Monitoring(
             f"{name}-monitoring",
-            MonitoringArgs(cfg, k8s_provider, depends_on=[services, volcano]),
+            MonitoringArgs(cfg, k8s_provider, depends_on=[services.system_namespace, volcano]),
             pulumi.ResourceOptions(parent=self),
         )
         self.outputs.monitoring = monitoring_output(cfg)
         PlatformStorage(
             f"{name}-storage",
-            PlatformStorageArgs(cfg, k8s_provider, depends_on=[services], aws=aws_context),
+            PlatformStorageArgs(
+                cfg,
+                k8s_provider,
+                namespaces=services.namespace_resources,
+                system_namespace=services.system_namespace,
+                aws=aws_context,
+            ),
             pulumi.ResourceOptions(parent=self),
         )
         self.outputs.storage = storage_output(cfg)
@@ -198,13 +204,19 @@ class Platform(pulumi.ComponentResource):
         for team in cfg.registry.teams:
             TeamResources(
                 f"{name}-team-{team.name}",
-                TeamResourcesArgs(cfg, team, k8s_provider, depends_on=[services], access=access),
+                TeamResourcesArgs(
+                    cfg,
+                    team,
+                    k8s_provider,
+                    depends_on=[services.namespace_resources[team.name]],
+                    access=access,
+                ),
                 pulumi.ResourceOptions(parent=self),
             )
         if cfg.gpu_pools:
             GpuPlugins(
                 f"{name}-gpu-plugins",
-                GpuPluginsArgs(cfg, k8s_provider, depends_on=[services]),
+                GpuPluginsArgs(cfg, k8s_provider, depends_on=[services.system_namespace]),
                 pulumi.ResourceOptions(parent=self),
             )
         self.outputs.gpu_pools = [pool_output(cfg, p) for p in cfg.gpu_pools]

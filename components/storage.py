@@ -44,7 +44,8 @@ class AwsContext:
 class PlatformStorageArgs:
     config: PlatformConfig
     k8s_provider: pulumi.ProviderResource
-    depends_on: list[pulumi.Resource]
+    namespaces: dict[str, pulumi.Resource]  # team -> its namespace, created first
+    system_namespace: pulumi.Resource
     aws: AwsContext | None = None
 
 
@@ -59,9 +60,7 @@ class PlatformStorage(pulumi.ComponentResource):
         super().__init__("trainstack:storage:PlatformStorage", name, None, opts)
         cfg = args.config
         storage = cfg.storage
-        kube = pulumi.ResourceOptions(
-            parent=self, provider=args.k8s_provider, depends_on=args.depends_on
-        )
+        kube = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
         # Manifests may carry Outputs (ARNs, file-system ids); Pulumi resolves them.
         csi: dict[str, Any] | None = None
         role_arns: dict[str, pulumi.Output[str]] = {}
@@ -73,8 +72,11 @@ class PlatformStorage(pulumi.ComponentResource):
         elif storage.existing_lustre is not None:
             csi = b.existing_lustre_csi(cfg)
         for team in cfg.registry.teams:
+            in_team = pulumi.ResourceOptions.merge(
+                kube, pulumi.ResourceOptions(depends_on=[args.namespaces[team.name]])
+            )
             account = b.training_service_account(cfg, team, role_arns.get(team.name))
-            apply_manifest(f"{name}-sa-{team.name}", account, kube)
+            apply_manifest(f"{name}-sa-{team.name}", account, in_team)
             if team.name in efs_handles:
                 volumes = b.efs_checkpoint_volume(cfg, team, efs_handles[team.name])
             elif csi is not None:
@@ -84,7 +86,7 @@ class PlatformStorage(pulumi.ComponentResource):
             for manifest in volumes:
                 kind = "pv" if manifest["kind"] == "PersistentVolume" else "pvc"
                 claim = manifest["metadata"]["name"].removeprefix(f"{team.name}-")
-                apply_manifest(f"{name}-{team.name}-{claim}-{kind}", manifest, kube)
+                apply_manifest(f"{name}-{team.name}-{claim}-{kind}", manifest, in_team)
         if storage.nvme_cache is not None:
             chart = b.LOCAL_PROVISIONER_CHART
             k8s.helm.v3.Release(
@@ -95,7 +97,9 @@ class PlatformStorage(pulumi.ComponentResource):
                 repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart["repo"]),
                 namespace=b.PROVISIONER_NAMESPACE,
                 values=b.local_provisioner_values(cfg),
-                opts=kube,
+                opts=pulumi.ResourceOptions.merge(
+                    kube, pulumi.ResourceOptions(depends_on=[args.system_namespace])
+                ),
             )
         self.register_outputs({})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pulumi
@@ -30,6 +31,25 @@ def check_team(config: TeamStackConfig, registry: Any) -> str:
     return str(teams[config.team]["namespace"])
 
 
+async def _output_is_secret(ref: pulumi.StackReference, key: str) -> bool:
+    names = ref.secret_output_names
+    if await names.is_known():
+        return key in (await names.future() or [])
+    return await ref.outputs.is_secret()
+
+
+def stack_output(ref: pulumi.StackReference, key: str) -> pulumi.Output[Any]:
+    """`ref.get_output(key)` without lifting every platform output into nested Outputs.
+
+    StackReference.get_output runs Output.all over the whole outputs map, which wraps every
+    nested value of every output in its own Output: O(size of all outputs) per call, so
+    O(teams) per team stack and O(teams^2) for an organisation's previews.
+    """
+    value = ref.outputs.apply(lambda outputs: (outputs or {}).get(key))
+    secret = asyncio.ensure_future(_output_is_secret(ref, key))
+    return pulumi.Output(value.resources(), value.future(), value.is_known(), secret)
+
+
 class TeamStack(pulumi.ComponentResource):
     """Reads the platform's outputs; the team's jobs (later) are created under it."""
 
@@ -50,11 +70,11 @@ class TeamStack(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.platform = platform
-        self.namespace = platform.require_output(out.REGISTRY).apply(
+        self.namespace = stack_output(platform, out.REGISTRY).apply(
             lambda registry: check_team(args, registry)
         )
-        kubeconfig = platform.get_output(out.KUBECONFIG)
-        context = platform.get_output(out.KUBE_CONTEXT)
+        kubeconfig = stack_output(platform, out.KUBECONFIG)
+        context = stack_output(platform, out.KUBE_CONTEXT)
         self.k8s_provider = k8s.Provider(
             f"{name}-k8s",
             kubeconfig=kubeconfig,
@@ -65,7 +85,7 @@ class TeamStack(pulumi.ComponentResource):
         )
         # Only the outputs jobs need: the whole map would be secret (kubeconfig).
         keys = (out.REGISTRY, out.GPU_POOLS, out.SCHEDULING, out.STORAGE)
-        platform_outputs = pulumi.Output.all(*(platform.get_output(k) for k in keys)).apply(
+        platform_outputs = pulumi.Output.all(*(stack_output(platform, k) for k in keys)).apply(
             lambda values: dict(zip(keys, values, strict=True))
         )
         self.jobs = [

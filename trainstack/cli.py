@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from trainstack.config import ConfigError, TeamStackConfig, load_stack_file
+from trainstack.diff.cli import register as _register_diff
+from trainstack.diff.cli import select_changed as _select_changed
 from trainstack.jobs.spec import is_job_document, load_job
 from trainstack.jobs.spec import read as read_job
 from trainstack.preview.engine import Previewer, Project
@@ -67,15 +69,24 @@ def print_policy_report(plan: Plan) -> None:
 
 @app.command()
 def preview(
-    stacks: Annotated[list[str], typer.Argument(help="Stack names (stacks/Pulumi.<stack>.yaml).")],
+    stacks: Annotated[
+        list[str] | None, typer.Argument(help="Stack names (stacks/Pulumi.<stack>.yaml).")
+    ] = None,
     out: Annotated[Path, typer.Option(help="Plans go to OUT/<stack>/.")] = Path("build"),
     project_dir: Annotated[Path, typer.Option(help="Folder with Pulumi.yaml.")] = Path("."),
+    changed_since: Annotated[
+        str | None, typer.Option(help="Only stacks the changes since this git ref touch.")
+    ] = None,
 ) -> None:
     """Offline, credential-free plan of STACKS: the real program under Pulumi's mock engine."""
+    if changed_since is None and not stacks:
+        raise typer.BadParameter("name STACKS or pass --changed-since REF", param_hint="STACKS")
     try:
+        if changed_since is not None:
+            stacks = _select_changed(project_dir, changed_since, stacks)
         previewer = Previewer(Project.find(project_dir.resolve()))
         violating = []
-        for stack in stacks:
+        for stack in stacks or []:
             started = time.perf_counter()
             plan = previewer.preview(stack)
             write_plan(plan, out / stack)
@@ -142,6 +153,9 @@ def render_job(
     except (ConfigError, pulumi.RunError) as err:
         raise _fail(str(err)) from None
     typer.echo(yaml.safe_dump(normalise(manifest), sort_keys=False), nl=False)
+
+
+_register_diff(app)  # `trainstack diff`, `trainstack changed-stacks` (trainstack/diff/)
 
 
 def main() -> None:

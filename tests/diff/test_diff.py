@@ -1,0 +1,411 @@
+"""`trainstack diff`: pairs of real previews that differ, and what the report says about them."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import ROOT
+from tests.test_preview import make_project
+from trainstack.cli import app
+from trainstack.diff.plans import VOLCANO_JOB, PlanError, load_plan
+from trainstack.diff.render import MARKER, to_json, to_markdown
+from trainstack.diff.report import DiffReport, StackDiff, diff_plans
+from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.plan import Plan
+
+runner = CliRunner()
+PROD = (ROOT / "stacks" / "Pulumi.prod.yaml").read_text()
+VISION = (ROOT / "stacks" / "Pulumi.vision.yaml").read_text()
+
+Preview = Callable[..., dict[str, Any]]
+
+
+def as_doc(plan: Plan) -> dict[str, Any]:
+    """The plan exactly as `plan.json` holds it."""
+    doc: dict[str, Any] = json.loads(json.dumps(plan.to_json(), sort_keys=True))
+    return doc
+
+
+@pytest.fixture
+def preview(tmp_path: Path) -> Preview:
+    """Preview `stack` of a project made of the given stack files; returns the plan document."""
+    count = 0
+
+    def run(stack: str, **stacks: str) -> dict[str, Any]:
+        nonlocal count
+        count += 1
+        folder = tmp_path / f"project{count}"
+        folder.mkdir()
+        project = make_project(folder, dict(stacks))
+        return as_doc(Previewer(Project.find(project)).preview(stack))
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def prod_base() -> dict[str, Any]:
+    return as_doc(Previewer(Project.find(ROOT)).preview("prod"))
+
+
+def replace_once(text: str, old: str, new: str) -> str:
+    assert text.count(old) == 1, f"{old!r} must occur once in the example stack"
+    return text.replace(old, new)
+
+
+def report_for(base: dict[str, Any], head: dict[str, Any]) -> tuple[StackDiff, str]:
+    diff = diff_plans(base, head)
+    return diff, to_markdown(DiffReport([diff]))
+
+
+def test_identical_plans_report_no_changes(example_plans: dict[str, Plan]) -> None:
+    for stack, plan in example_plans.items():
+        doc = as_doc(plan)
+        diff, markdown = report_for(doc, copy.deepcopy(doc))
+        assert not diff.has_changes, stack
+        assert diff.status == "unchanged"
+        assert diff.counts["same"] == sum(1 for r in doc["resources"] if r["custom"])
+        assert [diff.teams, diff.storage, diff.jobs, diff.resources] == [[], [], [], []]
+        assert (
+            markdown == f"{MARKER}\n## trainstack plan diff\n\nNo changes (1 stack(s): {stack}).\n"
+        )
+
+
+def test_quota_cut_is_reported_per_team(preview: Preview, prod_base: dict[str, Any]) -> None:
+    head_text = replace_once(
+        PROD,
+        "quota: {gpus: 32, deserved: 40, borrowLimit: 24, weight: 2}",
+        "quota: {gpus: 24, deserved: 32, borrowLimit: 8, weight: 1}",
+    )
+    diff, markdown = report_for(prod_base, preview("prod", prod=head_text))
+    [vision] = diff.teams
+    assert vision.key == "vision"
+    assert vision.status == "changed"
+    changes = {c.field: (c.before, c.after) for c in vision.changes}
+    assert changes == {
+        "quota (guaranteed GPUs)": (32, 24),
+        "deserved GPUs": (40, 32),
+        "borrowLimit GPUs": (24, 8),
+        "capability GPUs": (64, 40),
+        "weight": (2, 1),
+    }
+    assert "| vision | changed | quota (guaranteed GPUs) | 32 | 24 |" in markdown
+    assert "| vision | changed | borrowLimit GPUs | 24 | 8 |" in markdown
+    # Queues change in place; the registry ConfigMap is replaced (pulumi-kubernetes replaces
+    # ConfigMaps on data changes); nothing stateful is touched and every check still holds.
+    assert [(r.action, r.name) for r in diff.resources] == [
+        ("replace", "trainstack-prod-services-registry")
+    ]
+    assert diff.counts["delete"] == 0
+    assert diff.counts["update"] >= 1
+    assert not diff.stateful_losses
+    assert not diff.capacity.over
+    assert "⛔" not in markdown
+    assert "| guaranteed | 96 | 88 |" in markdown
+
+
+def test_pool_shrink_below_guarantees_is_flagged(
+    preview: Preview, prod_base: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The config loader refuses this change; the diff must catch it on its own too (plans
+    # from an older trainstack, a check that was bypassed), so switch the loader's check off.
+    monkeypatch.setattr("trainstack.config.loader.capacity_issues", lambda _cfg: [])
+    head_text = replace_once(PROD, "size: {min: 0, desired: 0, max: 8}", "size: {min: 0, max: 2}")
+    diff, markdown = report_for(prod_base, preview("prod", prod=head_text))
+    [pool] = diff.capacity.pools
+    assert pool.key == "h100-block"
+    assert {c.field: (c.before, c.after) for c in pool.changes} == {
+        "GPUs": (64, 16),
+        "maxNodes": (8, 2),
+    }
+    over = {c.name: c for c in diff.capacity.over}
+    overall = over["Σ guarantees ≤ firm capacity (all pools; spot backs no guarantee)"]
+    assert (overall.need, overall.available, overall.was_ok) == (96, 80, True)
+    assert "| Σ guarantees ≤ firm capacity (all pools; spot backs no guarantee) | 96 | 80 | " in (
+        markdown
+    )
+    assert "⛔ **OVER** (was ok)" in markdown
+    deserved = over["Σ deserved ≤ total capacity (all pools)"]
+    assert (deserved.need, deserved.available) == (120, 80)
+    assert len(over) == 2  # nlp still fits: h100-block + h100-reserved = 48 GPUs
+    assert "⛔ **2 capacity check(s) over**" in markdown
+    assert "| h100-block | changed | GPUs | 64 | 16 |" in markdown
+    # The node group's scaling changes in place: a shrink is not a replacement.
+    assert diff.counts["replace"] == 0
+    assert not diff.stateful_losses
+
+
+def test_fsx_capacity_decrease_forces_replacement(
+    preview: Preview, prod_base: dict[str, Any]
+) -> None:
+    head_text = replace_once(PROD, "storageCapacityGiB: 28800", "storageCapacityGiB: 24000")
+    diff, markdown = report_for(prod_base, preview("prod", prod=head_text))
+    lustre = [r for r in diff.resources if r.type.endswith("LustreFileSystem")]
+    assert len(lustre) == 1
+    assert lustre[0].action == "replace"
+    assert lustre[0].stateful
+    assert any("storageCapacity decreased" in why for why in lustre[0].reasons)
+    assert lustre[0] in diff.stateful_losses
+    assert "#### ⚠️ Stateful resources replaced or deleted" in markdown
+    assert (
+        "- **REPLACE** `aws:fsx/lustreFileSystem:LustreFileSystem` `trainstack-prod-storage-lustre`"
+        in markdown
+    )
+    storage = {e.key: e for e in diff.storage}
+    fsx = storage["LustreFileSystem trainstack-prod-storage-lustre"]
+    assert [(c.field, c.before, c.after) for c in fsx.changes] == [
+        ("storageCapacity", 28800, 24000)
+    ]
+    # The claims' size follows the file system; a claim's spec is immutable in Kubernetes.
+    claims = [r for r in diff.resources if r.type == "kubernetes:core/v1:PersistentVolumeClaim"]
+    assert claims
+    assert all(r.action == "replace" and r.stateful for r in claims)
+
+
+def test_fsx_capacity_increase_is_in_place(preview: Preview, prod_base: dict[str, Any]) -> None:
+    head_text = replace_once(PROD, "storageCapacityGiB: 28800", "storageCapacityGiB: 31200")
+    diff, _ = report_for(prod_base, preview("prod", prod=head_text))
+    assert not [r for r in diff.resources if r.type.endswith("LustreFileSystem")]
+
+
+def test_fsx_deployment_type_change_forces_replacement(
+    preview: Preview, prod_base: dict[str, Any]
+) -> None:
+    head_text = replace_once(PROD, "deploymentType: PERSISTENT_2", "deploymentType: SCRATCH_2")
+    head_text = replace_once(head_text, "        perUnitStorageThroughput: 500\n", "")
+    diff, markdown = report_for(prod_base, preview("prod", prod=head_text))
+    [lustre] = [r for r in diff.resources if r.type.endswith("LustreFileSystem")]
+    assert lustre.action == "replace"
+    assert "deploymentType: deploymentType forces replacement" in lustre.reasons
+    assert "deploymentType" in markdown
+    assert "PERSISTENT_2" in markdown
+    assert "SCRATCH_2" in markdown
+
+
+# -- jobs -------------------------------------------------------------------------------
+
+
+def job(name: str, replicas: int = 2, gpus: int = 8, image: str = "trainer:1") -> dict[str, Any]:
+    """A Volcano Job resource as the job layer registers it (inputs = the manifest)."""
+    container = {
+        "image": image,
+        "name": "trainer",
+        "resources": {"limits": {"nvidia.com/gpu": gpus}},
+    }
+    return {
+        "custom": True,
+        "name": f"team-vision-job-{name}",
+        "parent": "trainstack:team:TeamStack::team-vision",
+        "provider": "pulumi:providers:kubernetes::team-vision-k8s",
+        "type": VOLCANO_JOB,
+        "inputs": {
+            "apiVersion": "batch.volcano.sh/v1alpha1",
+            "kind": "Job",
+            "metadata": {
+                "labels": {"trainstack.io/job": name},
+                "name": name,
+                "namespace": "vision",
+            },
+            "spec": {
+                "minAvailable": replicas,
+                "queue": "vision",
+                "schedulerName": "volcano",
+                "tasks": [
+                    {
+                        "name": "worker",
+                        "replicas": replicas,
+                        "template": {"spec": {"containers": [container]}},
+                    }
+                ],
+            },
+        },
+    }
+
+
+def with_resources(plan: dict[str, Any], *extra: dict[str, Any]) -> dict[str, Any]:
+    doc = copy.deepcopy(plan)
+    doc["resources"] = sorted([*doc["resources"], *extra], key=lambda r: (r["type"], r["name"]))
+    return doc
+
+
+def test_jobs_added_removed_and_changed(example_plans: dict[str, Plan]) -> None:
+    vision = as_doc(example_plans["vision"])
+    base = with_resources(vision, job("resnet"), job("vit"))
+    head = with_resources(vision, job("resnet", replicas=4), job("llama", replicas=16))
+    diff, markdown = report_for(base, head)
+    jobs = {j.key: j for j in diff.jobs}
+    assert set(jobs) == {"vision/llama", "vision/resnet", "vision/vit"}
+    assert jobs["vision/llama"].status == "added"
+    assert jobs["vision/llama"].summary == {
+        "queue": "vision",
+        "GPUs": 128,
+        "tasks": 1,
+        "priorityClassName": None,
+    }
+    assert jobs["vision/vit"].status == "removed"
+    assert jobs["vision/vit"].summary["GPUs"] == 16
+    resnet = jobs["vision/resnet"]
+    assert resnet.status == "changed"
+    assert resnet.summary == {"GPUs": "16 → 32"}
+    assert {(c.field, c.before, c.after) for c in resnet.changes} == {
+        ("spec.minAvailable", 2, 4),
+        ("spec.tasks[0].replicas", 2, 4),
+    }
+    assert "| vision/llama | added |  |  | queue: vision, GPUs: 128, tasks: 1" in markdown
+    assert "| vision/vit | removed |  | queue: vision, GPUs: 16" in markdown
+    assert "| vision/resnet | changed | spec.tasks[0].replicas | 2 | 4 |" in markdown
+    assert "| vision/resnet | changed | GPUs |  | 16 → 32 |" in markdown
+    assert diff.counts["create"] == 1
+    assert diff.counts["delete"] == 1
+    assert "Team stack: quotas live in the platform stack." in markdown
+
+
+def test_no_jobs_means_no_job_section_rows(example_plans: dict[str, Plan]) -> None:
+    vision = as_doc(example_plans["vision"])
+    diff, markdown = report_for(with_resources(vision, job("a")), with_resources(vision, job("a")))
+    assert not diff.has_changes
+    assert "No changes" in markdown
+
+
+# -- policy -----------------------------------------------------------------------------
+
+
+def violation(rule: str, resource: str, level: str = "mandatory") -> dict[str, str]:
+    return {"rule": rule, "resource": resource, "message": f"{rule} on {resource}", "level": level}
+
+
+def test_new_and_fixed_policy_violations(prod_base: dict[str, Any]) -> None:
+    base, head = copy.deepcopy(prod_base), copy.deepcopy(prod_base)
+    base["policy"] = {"violations": [violation("bucket-public", "b1"), violation("old", "x")]}
+    head["policy"] = {
+        "violations": [
+            violation("bucket-public", "b1"),
+            violation("gpu-quota", "vision", "advisory"),
+        ]
+    }
+    diff, markdown = report_for(base, head)
+    assert diff.has_changes
+    assert [(v.rule, v.resource, v.level) for v in diff.policy.new] == [
+        ("gpu-quota", "vision", "advisory")
+    ]
+    assert [(v.rule, v.resource) for v in diff.policy.fixed] == [("old", "x")]
+    assert "| new | advisory | gpu-quota | vision | gpu-quota on vision |" in markdown
+    assert "| fixed | mandatory | old | x | old on x |" in markdown
+    assert "🚫 1 new policy violation(s)" in markdown
+
+
+def test_policy_report_absent(prod_base: dict[str, Any]) -> None:
+    base, head = copy.deepcopy(prod_base), copy.deepcopy(prod_base)
+    base.pop("policy", None)
+    head.pop("policy", None)
+    head["outputs"]["environment"] = "staging"
+    diff, markdown = report_for(base, head)
+    assert not diff.policy.present
+    assert "_no policy report in these plans_" in markdown
+    head["policy"] = {"violations": [violation("r", "res")]}
+    diff, _ = report_for(base, head)
+    assert [v.rule for v in diff.policy.new] == ["r"]
+    assert "base plan has no policy report" in diff.policy.note
+
+
+# -- rendering, folders, CLI ------------------------------------------------------------
+
+
+def test_reports_are_deterministic(preview: Preview, prod_base: dict[str, Any]) -> None:
+    head = preview("prod", prod=replace_once(PROD, "retentionDays: 60", "retentionDays: 30"))
+    first = diff_plans(prod_base, head)
+    second = diff_plans(copy.deepcopy(prod_base), copy.deepcopy(head))
+    assert to_markdown(DiffReport([first])) == to_markdown(DiffReport([second]))
+    assert to_json(DiffReport([first])) == to_json(DiffReport([second]))
+    doc = json.loads(to_json(DiffReport([first])))
+    assert doc["hasChanges"] is True
+    [stack] = doc["stacks"]
+    assert stack["stack"] == "prod"
+    assert stack["counts"]["update"] >= 1
+    assert any("Lifecycle" in s["key"] for s in stack["storage"])
+
+
+def write_plan_doc(folder: Path, doc: dict[str, Any]) -> Path:
+    path = folder / doc["stack"] / "plan.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def test_cli_diffs_folders_of_plans(tmp_path: Path, example_plans: dict[str, Plan]) -> None:
+    base, head = tmp_path / "base", tmp_path / "head"
+    write_plan_doc(base, as_doc(example_plans["dev"]))
+    write_plan_doc(base, as_doc(example_plans["onprem"]))
+    write_plan_doc(head, as_doc(example_plans["dev"]))
+    write_plan_doc(head, as_doc(example_plans["vision"]))
+    out_md, out_json = tmp_path / "r" / "report.md", tmp_path / "r" / "report.json"
+    result = runner.invoke(
+        app,
+        ["diff", str(base), str(head), "--markdown-out", str(out_md), "--json-out", str(out_json)],
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output == out_md.read_text()
+    assert "- **onprem** (platform) (stack removed): 0 to create" in result.output
+    assert "- **vision** (team) (new stack): 3 to create" in result.output
+    assert "- unchanged: dev" in result.output
+    doc = json.loads(out_json.read_text())
+    assert [s["status"] for s in doc["stacks"]] == ["unchanged", "removed", "added"]
+    as_json = runner.invoke(app, ["diff", str(base), str(head), "--format", "json"])
+    assert as_json.output == out_json.read_text()
+
+
+def test_cli_errors_name_the_input_and_the_fix(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.json"
+    result = runner.invoke(app, ["diff", str(missing), str(missing)])
+    assert result.exit_code == 1
+    assert str(missing) in result.output
+    assert "trainstack preview" in result.output
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    result = runner.invoke(app, ["diff", str(bad), str(bad)])
+    assert result.exit_code == 1
+    assert "not a readable JSON plan" in result.output
+    bad.write_text(json.dumps({"version": 9, "resources": []}))
+    with pytest.raises(PlanError, match="plan version 9"):
+        load_plan(bad)
+    assert "Traceback" not in result.output
+
+
+def test_real_job_specs_added_removed_and_changed(tmp_path: Path) -> None:
+    """Through the job layer: a team stack's job specs change between base and head."""
+    if not (ROOT / "job_specs" / "vision" / "demo-train.yaml").is_file():
+        pytest.skip("the job layer's example job specs are not in this tree")
+
+    def project(name: str, edit: Callable[[Path], None]) -> dict[str, Any]:
+        folder = tmp_path / name
+        folder.mkdir()
+        make_project(folder, {"prod": PROD, "vision": VISION})
+        shutil.copytree(ROOT / "job_specs", folder / "job_specs")
+        edit(folder / "job_specs" / "vision")
+        return as_doc(Previewer(Project.find(folder)).preview("vision"))
+
+    def head_edit(specs: Path) -> None:
+        demo = specs / "demo-train.yaml"
+        demo.write_text(replace_once(demo.read_text(), "replicas: 2", "replicas: 4"))
+        (specs / "embeddings-ps.yaml").unlink()
+        extra = specs / "demo-train-2.yaml"
+        extra.write_text(demo.read_text().replace("name: demo-train", "name: demo-train-2"))
+
+    diff, markdown = report_for(project("base", lambda _: None), project("head", head_edit))
+    jobs = {j.key: j for j in diff.jobs}
+    assert jobs["vision/demo-train-2"].status == "added"
+    assert jobs["vision/embeddings-ps"].status == "removed"
+    changed = jobs["vision/demo-train"]
+    assert changed.status == "changed"
+    fields = {(c.field, c.before, c.after) for c in changed.changes}
+    assert ("spec.minAvailable", 2, 4) in fields  # a gang of 2 -> 4 pods
+    assert changed.summary == {"GPUs": "2 → 4"}
+    assert "| vision/embeddings-ps | removed |" in markdown
+    assert "| vision/demo-train-2 | added |" in markdown

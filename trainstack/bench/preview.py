@@ -1,0 +1,191 @@
+"""`make bench-preview`: offline preview at organisation scale against the mock engine's floor.
+
+1. Generate an organisation (8 GPU pools, 50 teams, one team stack per team, 500 jobs) and
+   preview every stack with trainstack's Previewer, as `trainstack preview` does.
+2. Replay the very same resources (types, names, parents, providers and inputs, taken from
+   the plans) through the same mock engine (`run_mocked`) with no trainstack code
+   in between: the floor no program can beat.
+3. Do both again for the organisation 10x larger (500 teams, 5000 jobs).
+
+The last line printed is one JSON object: resources, preview and replay seconds,
+`preview_overhead_ratio` (preview / replay, target <= 1.25) and `scaling_ratio_10x`
+(preview time at 10x / at 1x, target <= 11). Timings are of one run on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulumi
+
+from trainstack.bench.org import OrgSize, generate
+from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.plan import Plan, Resource
+from trainstack.preview.synth import run_mocked
+
+STACK_REFERENCE = "pulumi:pulumi:StackReference"
+
+
+def jobs_available(program_dir: Path) -> bool:
+    """Whether this trainstack has the job layer (team stacks with `jobs`)."""
+    schema = program_dir / "trainstack" / "schemas" / "team.schema.json"
+    try:
+        return "jobs" in json.loads(schema.read_text(encoding="utf-8"))["properties"]
+    except (OSError, KeyError, ValueError):
+        return False
+
+
+def _order(resources: tuple[Resource, ...]) -> list[Resource]:
+    """Parents and providers before the resources that name them (plans are sorted by type)."""
+    by_ref = {r.ref: r for r in resources}
+    done: set[str] = set()
+    ordered: list[Resource] = []
+
+    def visit(resource: Resource) -> None:
+        if resource.ref in done:
+            return
+        done.add(resource.ref)
+        for ref in (resource.parent, resource.provider):
+            if ref in by_ref:
+                visit(by_ref[ref])
+        ordered.append(resource)
+
+    for resource in resources:
+        visit(resource)
+    return ordered
+
+
+def replay_program(plan: Plan) -> Any:
+    """A Pulumi program that registers the plan's resources as raw resources."""
+
+    def program() -> None:
+        made: dict[str, pulumi.Resource] = {}
+        for r in _order(plan.resources):
+            parent = made.get(r.parent)
+            provider = made.get(r.provider)
+            # Dependencies are not replayed: in the program most come from the inputs'
+            # Outputs, which the replay passes as plain values.
+            opts = pulumi.ResourceOptions(
+                parent=parent,
+                provider=provider if isinstance(provider, pulumi.ProviderResource) else None,
+            )
+            if r.type.startswith("pulumi:providers:"):
+                pkg = r.type.split(":", 2)[2]
+                made[r.ref] = pulumi.ProviderResource(pkg, r.name, dict(r.inputs), opts)
+            elif r.type == STACK_REFERENCE:
+                made[r.ref] = pulumi.StackReference(r.name, str(r.inputs.get("name")), opts)
+            elif r.custom:
+                made[r.ref] = pulumi.CustomResource(r.type, r.name, dict(r.inputs), opts)
+            else:
+                made[r.ref] = pulumi.ComponentResource(r.type, r.name, None, opts)
+
+    return program
+
+
+@dataclass
+class Measured:
+    stacks: int
+    resources: int
+    jobs: int
+    preview_s: float
+    replay_s: float
+    extrapolated: bool = False  # the deadline passed: times scaled up from the stacks done
+
+
+def measure(root: Path, stacks: list[str], deadline: float = float("inf")) -> Measured:
+    """Preview every stack, then replay every plan, timing each phase.
+
+    Past `deadline` (perf_counter), the remaining stacks are skipped and both times are
+    extrapolated linearly from the stacks done (an underestimate when cost per stack grows).
+    """
+    previewer = Previewer(Project.find(root))
+    started = time.perf_counter()
+    plans: list[Plan] = []
+    for stack in stacks:
+        plans.append(previewer.preview(stack))
+        if time.perf_counter() > deadline and len(plans) < len(stacks):
+            break
+    preview_s = time.perf_counter() - started
+    platform = plans[0]
+    secrets = sorted(k for k, v in platform.outputs.items() if v == "[secret]")
+    stack_outputs = {"acme/trainstack/org": (platform.outputs, secrets)}
+    started = time.perf_counter()
+    for plan in plans:
+        run_mocked(replay_program(plan), plan.stack, {}, stack_outputs=stack_outputs)
+    replay_s = time.perf_counter() - started
+    resources = sum(len(p.resources) for p in plans)
+    jobs = sum(1 for p in plans for r in p.resources if r.type.endswith("v1alpha1:Job"))
+    if len(plans) < len(stacks):
+        scale = (len(stacks) - 1) / max(1, len(plans) - 1)  # team stacks only; platform done
+        return Measured(len(plans), resources, jobs, preview_s * scale, replay_s * scale, True)
+    return Measured(len(plans), resources, jobs, preview_s, replay_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--teams", type=int, default=50)
+    parser.add_argument("--jobs", type=int, default=500)
+    parser.add_argument("--factor", type=int, default=10, help="the larger organisation")
+    parser.add_argument("--program-dir", type=Path, default=Path.cwd())
+    parser.add_argument(
+        "--budget-s", type=float, default=600, help="stop previewing the larger org after this"
+    )
+    args = parser.parse_args(argv)
+    program_dir = args.program_dir.resolve()
+    with_jobs = jobs_available(program_dir)
+    base = OrgSize(teams=args.teams, jobs=args.jobs)
+    results: dict[str, Measured] = {}
+    deadline = time.perf_counter() + args.budget_s
+    with tempfile.TemporaryDirectory(prefix="trainstack-bench-") as tmp:
+        sizes = [("1x", base)]
+        if args.factor > 1:
+            sizes.append((f"{args.factor}x", base.times(args.factor)))
+        for label, size in sizes:
+            root = Path(tmp) / label
+            stacks = generate(root, size, program_dir=program_dir, with_jobs=with_jobs)
+            results[label] = m = measure(root, stacks, deadline if label != "1x" else float("inf"))
+            note = " (extrapolated: budget reached)" if m.extrapolated else ""
+            print(
+                f"{label}: {m.stacks}/{len(stacks)} stacks, {m.resources} resources, "
+                f"{m.jobs} jobs: preview {m.preview_s:.1f}s, replay {m.replay_s:.1f}s "
+                f"(x{m.preview_s / m.replay_s:.2f}){note}",
+                file=sys.stderr,
+            )
+    one = results["1x"]
+    big = results.get(f"{args.factor}x", one)
+    summary: dict[str, object] = {
+        "pools": base.pools,
+        "teams": base.teams,
+        "jobs": one.jobs,
+        "jobs_layer": with_jobs,
+        "stacks": one.stacks,
+        "resources": one.resources,
+        "preview_s": round(one.preview_s, 2),
+        "replay_s": round(one.replay_s, 2),
+        "preview_overhead_ratio": round(one.preview_s / one.replay_s, 3),
+    }
+    if args.factor > 1:
+        summary |= {
+            f"resources_{args.factor}x": big.resources,
+            f"preview_{args.factor}x_s": round(big.preview_s, 2),
+            f"replay_{args.factor}x_s": round(big.replay_s, 2),
+            f"preview_overhead_ratio_{args.factor}x": round(big.preview_s / big.replay_s, 3),
+            f"scaling_ratio_{args.factor}x": round(big.preview_s / one.preview_s, 3),
+            f"extrapolated_{args.factor}x": big.extrapolated,
+        }
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    gc.collect()
+    gc.freeze()  # imports are done: keep their objects out of every later collection
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Semantic plan diff: what a change to the platform means for teams, capacity and jobs."""

@@ -1,0 +1,116 @@
+"""`trainstack diff` and `trainstack changed-stacks`, registered on the main Typer app."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from trainstack.config import ConfigError
+from trainstack.diff.changed import Selection, stacks_changed_since
+from trainstack.diff.plans import PlanError, empty_plan, load_plan
+from trainstack.diff.render import to_json, to_markdown
+from trainstack.diff.report import DiffReport, diff_plans
+
+EXIT_USER_ERROR = 1
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class Format(StrEnum):
+    markdown = "markdown"
+    json = "json"
+
+
+def _plans_in(folder: Path) -> dict[str, Path]:
+    return {p.parent.name: p for p in sorted(folder.glob("*/plan.json"))}
+
+
+def diff_paths(base: Path, head: Path) -> DiffReport:
+    """Diff two plan files, or two folders of `<stack>/plan.json` (stacks paired by name)."""
+    if base.is_file() or head.is_file() or (base / "plan.json").is_file():
+        return DiffReport([diff_plans(load_plan(base), load_plan(head))])
+    for side in (base, head):
+        if not side.is_dir():
+            raise PlanError(
+                f"{side}: neither a plan file nor a folder of plans; pass build/STACK/plan.json "
+                "or the --out folder of `trainstack preview`"
+            )
+    base_plans, head_plans = _plans_in(base), _plans_in(head)
+    if not base_plans and not head_plans:
+        raise PlanError(
+            f"{base} and {head} hold no <stack>/plan.json; run `trainstack preview STACK "
+            "--out FOLDER` on each side first"
+        )
+    stacks: list[Any] = []
+    for stack in sorted(set(base_plans) | set(head_plans)):
+        old = load_plan(base_plans[stack]) if stack in base_plans else None
+        new = load_plan(head_plans[stack]) if stack in head_plans else None
+        kind = str((new or old or {}).get("kind", "platform"))
+        stacks.append(diff_plans(old or empty_plan(stack, kind), new or empty_plan(stack, kind)))
+    return DiffReport(stacks)
+
+
+def diff(
+    base: Annotated[Path, typer.Argument(help="Base plan.json (or folder of <stack>/plan.json).")],
+    head: Annotated[Path, typer.Argument(help="Head plan.json (or folder of <stack>/plan.json).")],
+    format: Annotated[Format, typer.Option(help="Report format on stdout.")] = Format.markdown,
+    markdown_out: Annotated[
+        Path | None, typer.Option("--markdown-out", help="Also write the Markdown report here.")
+    ] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json-out", help="Also write the JSON report here.")
+    ] = None,
+) -> None:
+    """What a change means: quotas, capacity, storage, jobs, policy, replaced resources."""
+    try:
+        report = diff_paths(base, head)
+    except PlanError as error:
+        err.print(f"[bold red]error:[/] {error}", markup=True)
+        raise typer.Exit(EXIT_USER_ERROR) from None
+    markdown, document = to_markdown(report), to_json(report)
+    for path, text in ((markdown_out, markdown), (json_out, document)):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    print(markdown if format is Format.markdown else document, end="")
+
+
+def changed_stacks(
+    since: Annotated[str, typer.Argument(help="Git ref to compare with (e.g. origin/main).")],
+    project_dir: Annotated[Path, typer.Option(help="Folder with Pulumi.yaml.")] = Path("."),
+) -> None:
+    """Print the stacks a change since SINCE touches, one per line (for CI)."""
+    try:
+        selection = stacks_changed_since(project_dir, since)
+    except ConfigError as error:
+        err.print(f"[bold red]error:[/] {error}", markup=True)
+        raise typer.Exit(EXIT_USER_ERROR) from None
+    for stack in selection.stacks:
+        print(stack)
+
+
+def select_changed(project_dir: Path, ref: str, stacks: list[str] | None) -> list[str]:
+    """For `preview --changed-since REF`: the touched stacks (within STACKS, when given).
+
+    Raises ConfigError (the preview command reports it) for a ref git does not know.
+    """
+    selection: Selection = stacks_changed_since(project_dir, ref)
+    chosen = [s for s in selection.stacks if not stacks or s in stacks]
+    for stack in chosen:
+        reasons = selection.reasons[stack]
+        extra = f" (+{len(reasons) - 2} more)" if len(reasons) > 2 else ""
+        err.print(f"{stack}: {'; '.join(reasons[:2])}{extra}")
+    for stack in selection.removed:
+        err.print(f"{stack}: stack file removed since {ref}; nothing to preview")
+    if not chosen:
+        err.print(f"no stack is touched by the changes since {ref}; nothing to preview")
+    return chosen
+
+
+def register(app: typer.Typer) -> None:
+    app.command("diff")(diff)
+    app.command("changed-stacks")(changed_stacks)

@@ -1,0 +1,506 @@
+"""The semantic diff of two plans: what a change means for teams, capacity, storage and jobs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trainstack.diff.plans import ABSENT, VOLCANO_JOB, changed_paths, get
+from trainstack.diff.replace import STATEFUL, replacing_paths
+
+QUEUE = "kubernetes:scheduling.volcano.sh/v1beta1:Queue"
+STORAGE_TYPES = (
+    "aws:fsx/lustreFileSystem:LustreFileSystem",
+    "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation",
+    "aws:s3/bucket:Bucket",
+    "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration",
+    "kubernetes:core/v1:PersistentVolumeClaim",
+    "kubernetes:core/v1:PersistentVolume",
+)
+MAX_FIELD_CHANGES = 25  # per job or storage resource; the rest is counted
+
+
+@dataclass(frozen=True)
+class Change:
+    field: str
+    before: Any
+    after: Any
+
+
+@dataclass
+class Entry:
+    """A team, pool, storage resource or job: added, removed or changed, with its changes."""
+
+    key: str
+    status: str  # added | removed | changed
+    changes: list[Change] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    more: int = 0  # changes left out
+
+
+@dataclass(frozen=True)
+class Check:
+    """One capacity invariant after the change (and whether it held before)."""
+
+    name: str
+    need: int
+    available: int
+    ok: bool
+    was_ok: bool | None  # None: not checkable on the base side
+
+
+@dataclass
+class Capacity:
+    pools: list[Entry] = field(default_factory=list)
+    totals: list[Change] = field(default_factory=list)  # every capacity summary key
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def over(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    resource: str
+    message: str
+    level: str
+
+
+@dataclass
+class Policy:
+    present: bool
+    new: list[Violation] = field(default_factory=list)
+    fixed: list[Violation] = field(default_factory=list)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ResourceChange:
+    action: str  # create | update | replace | delete
+    type: str
+    name: str
+    stateful: str  # why losing it matters; "" for stateless resources
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass
+class StackDiff:
+    stack: str
+    kind: str
+    status: str  # changed | added | removed | unchanged
+    counts: dict[str, int]
+    teams: list[Entry]
+    capacity: Capacity
+    storage: list[Entry]
+    jobs: list[Entry]
+    policy: Policy
+    resources: list[ResourceChange]  # replaced and deleted (stateful first)
+    outputs_changed: list[str]
+
+    @property
+    def has_changes(self) -> bool:
+        return (
+            self.status in ("added", "removed")
+            or any(self.counts[a] for a in ("create", "update", "replace", "delete"))
+            or bool(self.outputs_changed)
+            or bool(self.policy.new or self.policy.fixed)
+        )
+
+    @property
+    def stateful_losses(self) -> list[ResourceChange]:
+        return [r for r in self.resources if r.stateful]
+
+
+@dataclass
+class DiffReport:
+    stacks: list[StackDiff]
+
+    @property
+    def has_changes(self) -> bool:
+        return any(s.has_changes for s in self.stacks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "hasChanges": self.has_changes,
+            "stacks": [
+                {
+                    **asdict(s),
+                    "hasChanges": s.has_changes,
+                    "capacity": {
+                        **asdict(s.capacity),
+                        "over": [asdict(c) for c in s.capacity.over],
+                    },
+                }
+                for s in self.stacks
+            ],
+        }
+
+
+# -- sections ---------------------------------------------------------------------------
+
+
+def _queue_weights(plan: dict[str, Any]) -> dict[str, Any]:
+    weights: dict[str, Any] = {}
+    for resource in plan["resources"]:
+        if resource.get("type") == QUEUE:
+            labels = get(resource, "inputs", "metadata", "labels", default={})
+            if labels.get("trainstack.io/role") == "team" and "trainstack.io/team" in labels:
+                weights[labels["trainstack.io/team"]] = get(resource, "inputs", "spec", "weight")
+    return weights
+
+
+def team_view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per team: the numbers and lists a reviewer cares about, from the plan's outputs."""
+    outputs = plan.get("outputs") or {}
+    registry = {t["name"]: t for t in get(outputs, "registry", "teams", default=[]) or []}
+    scheduling = get(outputs, "scheduling", "teams", default={}) or {}
+    weights = _queue_weights(plan)
+    view: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(registry) | set(scheduling)):
+        reg, sched = registry.get(name, {}), scheduling.get(name, {})
+        gpus = sched.get("gpus", {})
+        guarantee = gpus.get("guarantee", get(reg, "quota", "gpus"))
+        deserved, capability = gpus.get("deserved"), gpus.get("capability")
+        view[name] = {
+            "group": reg.get("group"),
+            "owners": reg.get("owners"),
+            "quota (guaranteed GPUs)": guarantee,
+            "deserved GPUs": deserved,
+            "borrowLimit GPUs": (
+                capability - deserved
+                if isinstance(capability, int) and isinstance(deserved, int)
+                else None
+            ),
+            "capability GPUs": capability,
+            "weight": weights.get(name),
+            "priorityClasses": sched.get("priorityClasses"),
+            "pools": sched.get("pools"),
+            "queue": sched.get("queue"),
+        }
+    return view
+
+
+def _entries(
+    base: dict[str, dict[str, Any]], head: dict[str, dict[str, Any]], summary_keys: tuple[str, ...]
+) -> list[Entry]:
+    entries: list[Entry] = []
+    for key in sorted(set(base) | set(head)):
+        if key not in base:
+            summary = {k: head[key].get(k) for k in summary_keys}
+            entries.append(Entry(key, "added", summary=summary))
+        elif key not in head:
+            summary = {k: base[key].get(k) for k in summary_keys}
+            entries.append(Entry(key, "removed", summary=summary))
+        else:
+            fields = [*head[key], *(f for f in base[key] if f not in head[key])]
+            changes = [
+                Change(f, base[key].get(f, ABSENT), head[key].get(f, ABSENT))
+                for f in fields
+                if base[key].get(f, ABSENT) != head[key].get(f, ABSENT)
+            ]
+            if changes:
+                entries.append(Entry(key, "changed", changes))
+    return entries
+
+
+def _pool_view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    pools: dict[str, dict[str, Any]] = {}
+    for pool in get(plan, "outputs", "gpuPools", default=[]) or []:
+        per_node, nodes = pool.get("gpusPerNode"), pool.get("maxNodes")
+        pools[str(pool.get("name"))] = {
+            "GPUs": per_node * nodes
+            if isinstance(per_node, int) and isinstance(nodes, int)
+            else None,
+            "maxNodes": nodes,
+            "gpusPerNode": per_node,
+            "instanceType": pool.get("instanceType"),
+            "capacityType": pool.get("capacityType"),
+            "fabric": pool.get("fabric"),
+        }
+    return pools
+
+
+def _checks(plan: dict[str, Any]) -> list[Check]:
+    """Σ guarantees within firm capacity (overall and per set of pools), Σ deserved within all."""
+    pools = _pool_view(plan)
+    teams = get(plan, "outputs", "scheduling", "teams", default={}) or {}
+    if not pools or not teams:
+        return []
+
+    def gpus(pool: str, firm: bool) -> int:
+        info = pools.get(pool, {})
+        if firm and info.get("capacityType") == "spot":
+            return 0
+        return int(info.get("GPUs") or 0)
+
+    checks: list[Check] = []
+    guarantee = {t: int(get(v, "gpus", "guarantee", default=0) or 0) for t, v in teams.items()}
+    deserved = {t: int(get(v, "gpus", "deserved", default=0) or 0) for t, v in teams.items()}
+    team_pools = {t: frozenset(v.get("pools") or pools) for t, v in teams.items()}
+    checks.append(
+        Check(
+            "Σ guarantees ≤ firm capacity (all pools; spot backs no guarantee)",
+            sum(guarantee.values()),
+            sum(gpus(p, firm=True) for p in pools),
+            True,
+            None,
+        )
+    )
+    checks.append(
+        Check(
+            "Σ deserved ≤ total capacity (all pools)",
+            sum(deserved.values()),
+            sum(gpus(p, firm=False) for p in pools),
+            True,
+            None,
+        )
+    )
+    # Teams confined to a set of pools must fit in those pools (Hall's condition, checked on
+    # the pool sets the teams actually name: linear in distinct sets, not exponential).
+    for pool_set in sorted(set(team_pools.values()) - {frozenset(pools)}, key=sorted):
+        confined = sorted(t for t, ps in team_pools.items() if ps <= pool_set)
+        checks.append(
+            Check(
+                f"guarantees of {', '.join(confined)} ≤ firm capacity of "
+                f"{', '.join(sorted(pool_set))}",
+                sum(guarantee[t] for t in confined),
+                sum(gpus(p, firm=True) for p in pool_set),
+                True,
+                None,
+            )
+        )
+    return [Check(c.name, c.need, c.available, c.need <= c.available, None) for c in checks]
+
+
+def capacity_section(base: dict[str, Any], head: dict[str, Any]) -> Capacity:
+    base_pools, head_pools = _pool_view(base), _pool_view(head)
+    pools = _entries(base_pools, head_pools, ("GPUs", "instanceType", "capacityType"))
+    totals: list[Change] = []
+    base_cap = get(base, "outputs", "scheduling", "capacity", default={}) or {}
+    head_cap = get(head, "outputs", "scheduling", "capacity", default={}) or {}
+    for key in ("reserved", "onDemand", "spot", "existing", "total", "guaranteed", "deserved"):
+        if key in base_cap or key in head_cap:
+            totals.append(Change(key, base_cap.get(key, ABSENT), head_cap.get(key, ABSENT)))
+    before = {c.name: c.ok for c in _checks(base)}
+    checks = [Check(c.name, c.need, c.available, c.ok, before.get(c.name)) for c in _checks(head)]
+    return Capacity(pools, totals, checks)
+
+
+def _resource_index(plan: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(r["type"], r["name"]): r for r in plan["resources"] if r.get("custom", True)}
+
+
+def _limited(changes: list[tuple[str, Any, Any]]) -> tuple[list[Change], int]:
+    kept = [Change(p, b, a) for p, b, a in changes[:MAX_FIELD_CHANGES]]
+    return kept, max(0, len(changes) - MAX_FIELD_CHANGES)
+
+
+def storage_section(base: dict[str, Any], head: dict[str, Any]) -> list[Entry]:
+    def view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        return {
+            f"{r['type'].rsplit(':', 1)[-1]} {r['name']}": r
+            for r in plan["resources"]
+            if r.get("type") in STORAGE_TYPES
+        }
+
+    old, new = view(base), view(head)
+    entries: list[Entry] = []
+    for key in sorted(set(old) | set(new)):
+        if key not in old:
+            entries.append(Entry(key, "added", summary=_storage_summary(new[key])))
+        elif key not in new:
+            entries.append(Entry(key, "removed", summary=_storage_summary(old[key])))
+        else:
+            diffs = [
+                d
+                for d in changed_paths(old[key].get("inputs"), new[key].get("inputs"))
+                if not d[0].startswith(("tags", "metadata.labels"))
+            ]
+            if diffs:
+                kept, more = _limited(diffs)
+                entries.append(Entry(key, "changed", kept, more=more))
+    return entries
+
+
+def _storage_summary(resource: dict[str, Any]) -> dict[str, Any]:
+    inputs = resource.get("inputs", {})
+    keys = {
+        "storageCapacity": inputs.get("storageCapacity"),
+        "perUnitStorageThroughput": inputs.get("perUnitStorageThroughput"),
+        "deploymentType": inputs.get("deploymentType"),
+        "bucket": inputs.get("bucket"),
+        "storage": get(inputs, "spec", "resources", "requests", "storage")
+        or get(inputs, "spec", "capacity", "storage"),
+        "namespace": get(inputs, "metadata", "namespace"),
+    }
+    return {k: v for k, v in keys.items() if v is not None}
+
+
+def _job_gpus(spec: dict[str, Any]) -> int:
+    total = 0
+    for task in spec.get("tasks") or []:
+        replicas = int(task.get("replicas") or 0)
+        for container in get(task, "template", "spec", "containers", default=[]) or []:
+            resources = container.get("resources") or {}
+            amount = get(resources, "limits", "nvidia.com/gpu") or get(
+                resources, "requests", "nvidia.com/gpu"
+            )
+            try:
+                total += replicas * int(amount or 0)
+            except (TypeError, ValueError):
+                continue
+    return total
+
+
+def job_view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    jobs: dict[str, dict[str, Any]] = {}
+    for resource in plan["resources"]:
+        if resource.get("type") != VOLCANO_JOB:
+            continue
+        inputs = resource.get("inputs") or {}
+        meta = inputs.get("metadata") or {}
+        name = meta.get("name") or resource["name"]
+        jobs[f"{meta.get('namespace') or '-'}/{name}"] = inputs
+    return jobs
+
+
+def jobs_section(base: dict[str, Any], head: dict[str, Any]) -> list[Entry]:
+    old, new = job_view(base), job_view(head)
+    entries: list[Entry] = []
+    for key in sorted(set(old) | set(new)):
+        if key not in old or key not in new:
+            spec = (new.get(key) or old.get(key) or {}).get("spec") or {}
+            summary = {
+                "queue": spec.get("queue"),
+                "GPUs": _job_gpus(spec),
+                "tasks": len(spec.get("tasks") or []),
+                "priorityClassName": spec.get("priorityClassName"),
+            }
+            entries.append(Entry(key, "added" if key not in old else "removed", summary=summary))
+            continue
+        diffs = changed_paths(old[key], new[key])
+        if diffs:
+            kept, more = _limited(diffs)
+            summary = {}
+            gpus_before, gpus_after = (
+                _job_gpus(old[key].get("spec") or {}),
+                _job_gpus(new[key].get("spec") or {}),
+            )
+            if gpus_before != gpus_after:
+                summary["GPUs"] = f"{gpus_before} → {gpus_after}"
+            entries.append(Entry(key, "changed", kept, summary=summary, more=more))
+    return entries
+
+
+def _violations(plan: dict[str, Any]) -> list[Violation] | None:
+    report = plan.get("policy")
+    if not isinstance(report, dict):
+        return None
+    return [
+        Violation(
+            str(v.get("rule", "")),
+            str(v.get("resource", "")),
+            str(v.get("message", "")),
+            str(v.get("level", "")),
+        )
+        for v in report.get("violations") or []
+        if isinstance(v, dict)
+    ]
+
+
+def policy_section(base: dict[str, Any], head: dict[str, Any]) -> Policy:
+    old, new = _violations(base), _violations(head)
+    if old is None and new is None:
+        return Policy(False, note="no policy report in these plans")
+    note = ""
+    if old is None:
+        note = "the base plan has no policy report: every violation in the head counts as new"
+    elif new is None:
+        note = "the head plan has no policy report: no violation can be counted as fixed"
+        return Policy(True, note=note)
+
+    def key(v: Violation) -> tuple[str, str, str]:
+        return (v.rule, v.resource, v.message)
+
+    old_keys = {key(v) for v in old or []}
+    new_keys = {key(v) for v in new or []}
+    added = sorted((v for v in new or [] if key(v) not in old_keys), key=key)
+    fixed = sorted((v for v in old or [] if key(v) not in new_keys), key=key)
+    return Policy(True, added, fixed, note)
+
+
+def resource_changes(
+    base: dict[str, Any], head: dict[str, Any]
+) -> tuple[dict[str, int], list[ResourceChange]]:
+    old, new = _resource_index(base), _resource_index(head)
+    counts: Counter[str] = Counter({"create": 0, "update": 0, "replace": 0, "delete": 0, "same": 0})
+    listed: list[ResourceChange] = []
+    for ref in sorted(set(old) | set(new)):
+        rtype, name = ref
+        stateful = STATEFUL.get(rtype, "")
+        if ref not in old:
+            counts["create"] += 1
+            continue
+        if ref not in new:
+            counts["delete"] += 1
+            listed.append(ResourceChange("delete", rtype, name, stateful))
+            continue
+        before, after = old[ref], new[ref]
+        reasons: list[str] = []
+        if (before.get("parent") or "") != (after.get("parent") or ""):
+            reasons.append(
+                f"parent changed ({before.get('parent')} → {after.get('parent')}): the URN "
+                "changes; add an alias to keep the resource"
+            )
+        if (before.get("provider") or "") != (after.get("provider") or ""):
+            reasons.append(f"provider changed ({before.get('provider')} → {after.get('provider')})")
+        diffs = changed_paths(before.get("inputs") or {}, after.get("inputs") or {})
+        reasons.extend(f"{path}: {why}" for path, why in replacing_paths(rtype, diffs))
+        if reasons:
+            counts["replace"] += 1
+            listed.append(ResourceChange("replace", rtype, name, stateful, tuple(reasons)))
+        elif diffs or before.get("dependencies") != after.get("dependencies"):
+            counts["update"] += 1
+        else:
+            counts["same"] += 1
+    listed.sort(key=lambda r: (not r.stateful, r.action, r.type, r.name))
+    return dict(counts), listed
+
+
+def diff_plans(base: dict[str, Any], head: dict[str, Any]) -> StackDiff:
+    """The semantic diff of one stack's base and head plans."""
+    stack = str(head.get("stack") or base.get("stack") or "")
+    kind = str(head.get("kind") or base.get("kind") or "")
+    counts, resources = resource_changes(base, head)
+    outputs_before, outputs_after = base.get("outputs") or {}, head.get("outputs") or {}
+    outputs_changed = sorted(
+        k
+        for k in set(outputs_before) | set(outputs_after)
+        if outputs_before.get(k, ABSENT) != outputs_after.get(k, ABSENT)
+    )
+    status = "changed"
+    if not base["resources"] and head["resources"]:
+        status = "added"
+    elif base["resources"] and not head["resources"]:
+        status = "removed"
+    diff = StackDiff(
+        stack=stack,
+        kind=kind,
+        status=status,
+        counts=counts,
+        teams=_entries(
+            team_view(base), team_view(head), ("group", "quota (guaranteed GPUs)", "pools")
+        ),
+        capacity=capacity_section(base, head),
+        storage=storage_section(base, head),
+        jobs=jobs_section(base, head),
+        policy=policy_section(base, head),
+        resources=resources,
+        outputs_changed=outputs_changed,
+    )
+    if status == "changed" and not diff.has_changes:
+        diff.status = "unchanged"
+    return diff
