@@ -128,21 +128,25 @@ def evaluate(
     """Run every policy of the pack over (type, name, inputs), like `--policy-pack`."""
     levels = levels or {}
     found: list[Violation] = []
+    # Wire each resource once; the analyzer, too, deserialises a resource once for all policies.
+    wired = [(rtype, name, _wire(props)) for rtype, name, props in resources]
     for rule in RULES:
         level = levels.get(rule.name, rule.level)
         if level == "disabled":
             continue
         policy = _resource_policy(rule)
-        for rtype, name, props in resources:
+        for rtype, name, props in wired:
+            if rtype not in rule.resource_types:
+                continue  # the policy would return at once; skip building its arguments
             messages: list[tuple[str, str]] = []
             args = ResourceValidationArgs(
-                rtype, _wire(props), f"urn:{rtype}::{name}", name, _opts(), None, dict(config)
+                rtype, props, f"urn:{rtype}::{name}", name, _opts(), None, dict(config)
             )
             policy.validate(args, _collector(messages, name))
             found += [Violation(rule.name, n, m, level) for n, m in messages]
     stack = [
-        PolicyResource(rtype, _wire(props), name, name, _opts(), None, None, [], {})
-        for rtype, name, props in resources
+        PolicyResource(rtype, props, name, name, _opts(), None, None, [], {})
+        for rtype, name, props in wired
     ]
     for stack_rule in STACK_RULES:
         level = levels.get(stack_rule.name, stack_rule.level)
