@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,9 +14,9 @@ from trainstack.jobs.render import render
 from trainstack.jobs.spec import JobSpec
 
 
-def render_or_fail(spec: JobSpec, outputs: Mapping[str, Any], team: str) -> dict[str, Any]:
+def render_or_fail(spec: JobSpec, view: PlatformView, team: str) -> dict[str, Any]:
     try:
-        return render(spec, PlatformView(outputs), team)
+        return render(spec, view, team)
     except ConfigError as err:
         # Inside an apply: RunError keeps Pulumi's report to the message itself.
         raise pulumi.RunError(str(err)) from None
@@ -27,7 +26,7 @@ def render_or_fail(spec: JobSpec, outputs: Mapping[str, Any], team: str) -> dict
 class TrainingJobArgs:
     spec: JobSpec
     team: str
-    platform_outputs: pulumi.Output[dict[str, Any]]
+    platform: pulumi.Output[PlatformView]
     k8s_provider: pulumi.ProviderResource
 
 
@@ -38,9 +37,7 @@ class TrainingJob(pulumi.ComponentResource):
         self, name: str, args: TrainingJobArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("trainstack:team:TrainingJob", name, None, opts)
-        manifest = args.platform_outputs.apply(
-            lambda outputs: render_or_fail(args.spec, outputs, args.team)
-        )
+        manifest = args.platform.apply(lambda view: render_or_fail(args.spec, view, args.team))
         self.job = k8s.apiextensions.CustomResource(
             f"{name}-volcano",
             api_version="batch.volcano.sh/v1alpha1",

@@ -11,6 +11,7 @@ import pulumi_kubernetes as k8s
 from components.jobs import TrainingJob, TrainingJobArgs
 from trainstack import outputs as out
 from trainstack.config.model import TeamStackConfig
+from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.spec import JobSpec
 
 
@@ -70,9 +71,14 @@ class TeamStack(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.platform = platform
-        self.namespace = stack_output(platform, out.REGISTRY).apply(
-            lambda registry: check_team(args, registry)
+        # One typed view of the outputs jobs need. It is not a dict, so Pulumi does not
+        # lift every nested value into its own Output (which grows with the organisation).
+        # Those outputs are not secret by contract (only the kubeconfig is, read below).
+        keys = (out.REGISTRY, out.GPU_POOLS, out.SCHEDULING, out.STORAGE)
+        view = pulumi.Output.unsecret(platform.outputs).apply(
+            lambda outputs: PlatformView({k: (outputs or {}).get(k) for k in keys})
         )
+        self.namespace = view.apply(lambda v: check_team(args, v.outputs.get(out.REGISTRY)))
         kubeconfig = stack_output(platform, out.KUBECONFIG)
         context = stack_output(platform, out.KUBE_CONTEXT)
         self.k8s_provider = k8s.Provider(
@@ -83,15 +89,10 @@ class TeamStack(pulumi.ComponentResource):
             enable_server_side_apply=True,
             opts=pulumi.ResourceOptions(parent=self),
         )
-        # Only the outputs jobs need: the whole map would be secret (kubeconfig).
-        keys = (out.REGISTRY, out.GPU_POOLS, out.SCHEDULING, out.STORAGE)
-        platform_outputs = pulumi.Output.all(*(stack_output(platform, k) for k in keys)).apply(
-            lambda values: dict(zip(keys, values, strict=True))
-        )
         self.jobs = [
             TrainingJob(
                 f"{name}-{spec.name}",
-                TrainingJobArgs(spec, args.team, platform_outputs, self.k8s_provider),
+                TrainingJobArgs(spec, args.team, view, self.k8s_provider),
                 pulumi.ResourceOptions(parent=self, depends_on=[self.k8s_provider]),
             )
             for spec in jobs
