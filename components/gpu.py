@@ -9,7 +9,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from components.kube import apply_manifest
+from components.kube import apply_manifest, helm_release
 from components.nodes import encrypted_root_volume, imdsv2_only
 from trainstack.builders import pools as b
 from trainstack.builders.fabric import efa_network_interfaces
@@ -188,13 +188,10 @@ class GpuPlugins(pulumi.ComponentResource):
     def _release(
         self, name: str, key: str, values: dict[str, object], opts: pulumi.ResourceOptions
     ) -> k8s.helm.v3.Release:
-        chart = b.CHARTS[key]
-        return k8s.helm.v3.Release(
+        return helm_release(
             f"{name}-{key}",
-            name=key,
-            chart=chart["chart"],
-            version=chart["version"],
-            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart["repo"]),
+            key,
+            b.CHARTS[key],
             namespace=b.PLUGIN_NAMESPACE,
             values=values,
             opts=opts,

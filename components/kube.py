@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pulumi
+import pulumi_kubernetes as k8s
 
 
 def resource_token(api_version: str, kind: str) -> str:
@@ -26,3 +28,25 @@ def apply_manifest(
     assert opts.provider is not None, f"{resource_name}: Kubernetes children need a provider"
     token = resource_token(manifest["apiVersion"], manifest["kind"])
     return pulumi.CustomResource(token, resource_name, dict(manifest), opts)
+
+
+def helm_release(
+    resource_name: str,
+    release: str,
+    chart: Mapping[str, str],
+    *,
+    namespace: str,
+    values: Mapping[str, Any],
+    opts: pulumi.ResourceOptions,
+) -> k8s.helm.v3.Release:
+    """An upstream chart at its pinned version (`chart`: chart, version, repo)."""
+    return k8s.helm.v3.Release(
+        resource_name,
+        name=release,
+        chart=chart["chart"],
+        version=chart["version"],
+        repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart["repo"]),
+        namespace=namespace,
+        values=dict(values),
+        opts=opts,
+    )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.kube import apply_manifest
+from components.kube import apply_manifest, helm_release
 from trainstack.builders import dashboards as d
 from trainstack.builders import monitoring as b
 from trainstack.config.model import PlatformConfig
@@ -59,14 +59,6 @@ class Monitoring(pulumi.ComponentResource):
     def _release(
         self, name: str, key: str, values: dict[str, object], opts: pulumi.ResourceOptions
     ) -> k8s.helm.v3.Release:
-        chart = b.CHARTS[key]
-        return k8s.helm.v3.Release(
-            f"{name}-{key}",
-            name=key,
-            chart=chart["chart"],
-            version=chart["version"],
-            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart["repo"]),
-            namespace=b.NAMESPACE,
-            values=values,
-            opts=opts,
+        return helm_release(
+            f"{name}-{key}", key, b.CHARTS[key], namespace=b.NAMESPACE, values=values, opts=opts
         )

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pulumi
-import pulumi_kubernetes as k8s
 
-from components.kube import apply_manifest
+from components.kube import apply_manifest, helm_release
 from trainstack.builders import labels
 from trainstack.builders import scheduling as b
 from trainstack.builders.platform import namespace
@@ -36,12 +35,10 @@ class Volcano(pulumi.ComponentResource):
             ),
             child,
         )
-        release = k8s.helm.v3.Release(
+        release = helm_release(
             f"{name}-chart",
-            name="volcano",
-            chart=b.VOLCANO_CHART["chart"],
-            version=b.VOLCANO_CHART["version"],
-            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=b.VOLCANO_CHART["repo"]),
+            "volcano",
+            b.VOLCANO_CHART,
             namespace=b.VOLCANO_NAMESPACE,
             values=b.volcano_values(cfg),
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[ns])),

@@ -11,9 +11,8 @@ from typing import Any
 
 import pulumi
 import pulumi_aws as aws
-import pulumi_kubernetes as k8s
 
-from components.kube import apply_manifest
+from components.kube import apply_manifest, helm_release
 from trainstack.builders import storage as b
 from trainstack.config.model import PlatformConfig, Team
 
@@ -88,13 +87,10 @@ class PlatformStorage(pulumi.ComponentResource):
                 claim = manifest["metadata"]["name"].removeprefix(f"{team.name}-")
                 apply_manifest(f"{name}-{team.name}-{claim}-{kind}", manifest, in_team)
         if storage.nvme_cache is not None:
-            chart = b.LOCAL_PROVISIONER_CHART
-            k8s.helm.v3.Release(
+            helm_release(
                 f"{name}-nvme-cache",
-                name="local-static-provisioner",
-                chart=chart["chart"],
-                version=chart["version"],
-                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart["repo"]),
+                "local-static-provisioner",
+                b.LOCAL_PROVISIONER_CHART,
                 namespace=b.PROVISIONER_NAMESPACE,
                 values=b.local_provisioner_values(cfg),
                 opts=pulumi.ResourceOptions.merge(
