@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from trainstack.builders import labels
+from trainstack.builders.admission import VOLCANO_JOBS, VOLCANO_PODGROUPS, team_policy
 from trainstack.builders.fabric import GPU_RESOURCE, HUGEPAGES_RESOURCE
 from trainstack.builders.pools import (
     PLACEMENT_GROUP,
@@ -466,58 +467,26 @@ def queue_ownership_policy(cfg: PlatformConfig) -> list[dict[str, Any]]:
         f"{ns}.annotations['{TEAM_PRIORITY_ANNOTATION}'].split(',')"
         ".exists(c, 'trainstack-' + c == object.spec.priorityClassName))"
     )
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": QUEUE_POLICY, "labels": labels.base_labels(cfg.stack)},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": ["batch.volcano.sh"],
-                        "apiVersions": ["v1alpha1"],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": ["jobs"],
-                    },
-                    {
-                        "apiGroups": ["scheduling.volcano.sh"],
-                        "apiVersions": ["v1beta1"],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": ["podgroups"],
-                    },
-                ]
+    return team_policy(
+        QUEUE_POLICY,
+        cfg.stack,
+        resource_rules=[VOLCANO_JOBS, VOLCANO_PODGROUPS],
+        validations=[
+            {
+                "expression": owns_queue,
+                "messageExpression": (
+                    "'queue ' + (has(object.spec.queue) ? object.spec.queue : 'default') + "
+                    f"' is not this namespace\\'s queue; use ' + {ns}.labels['{team_label}']"
+                ),
+                "reason": "Forbidden",
             },
-            "validations": [
-                {
-                    "expression": owns_queue,
-                    "messageExpression": (
-                        "'queue ' + (has(object.spec.queue) ? object.spec.queue : 'default') + "
-                        f"' is not this namespace\\'s queue; use ' + {ns}.labels['{team_label}']"
-                    ),
-                    "reason": "Forbidden",
-                },
-                {
-                    "expression": allowed_priority,
-                    "message": "this team may not use that priority class",
-                    "reason": "Forbidden",
-                },
-            ],
-        },
-    }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": QUEUE_POLICY, "labels": labels.base_labels(cfg.stack)},
-        "spec": {
-            "policyName": QUEUE_POLICY,
-            "validationActions": ["Deny"],
-            "matchResources": {
-                "namespaceSelector": {"matchLabels": {labels.ROLE: "team"}},
+            {
+                "expression": allowed_priority,
+                "message": "this team may not use that priority class",
+                "reason": "Forbidden",
             },
-        },
-    }
-    return [policy, binding]
+        ],
+    )
 
 
 def scheduling_output(cfg: PlatformConfig) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from trainstack.builders import labels
+from trainstack.builders.admission import VOLCANO_JOBS, team_policy
 from trainstack.policy.rules import (
     CHECKPOINT_ENV,
     CHECKPOINT_PATH,
@@ -154,48 +155,19 @@ def admission_policies(
     cel = expressions(cfg)
     manifests: list[dict[str, Any]] = []
     for rule in K8S_RULES:
-        name = f"{POLICY_PREFIX}{rule.name}"
-        meta = {"name": name, "labels": {**labels.base_labels(stack), labels.ROLE: "policy"}}
-        manifests.append(
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingAdmissionPolicy",
-                "metadata": meta,
-                "spec": {
-                    "failurePolicy": "Fail",
-                    "matchConstraints": {
-                        "resourceRules": [
-                            {
-                                "apiGroups": ["batch.volcano.sh"],
-                                "apiVersions": ["v1alpha1"],
-                                "operations": ["CREATE", "UPDATE"],
-                                "resources": ["jobs"],
-                            }
-                        ]
-                    },
-                    "variables": [PODS_VARIABLE],
-                    "validations": [
-                        {
-                            "expression": cel[rule.name],
-                            "message": f"{rule.description}. Fix: {rule.remediation}",
-                            "reason": "Forbidden",
-                        }
-                    ],
-                },
-            }
-        )
-        mandatory = rule.level == "mandatory" and rule.name not in advisory
-        actions = ["Deny"] if mandatory else ["Warn", "Audit"]
-        manifests.append(
-            {
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingAdmissionPolicyBinding",
-                "metadata": meta,
-                "spec": {
-                    "policyName": name,
-                    "validationActions": actions,
-                    "matchResources": {"namespaceSelector": {"matchLabels": {labels.ROLE: "team"}}},
-                },
-            }
+        manifests += team_policy(
+            f"{POLICY_PREFIX}{rule.name}",
+            stack,
+            resource_rules=[VOLCANO_JOBS],
+            variables=[PODS_VARIABLE],
+            validations=[
+                {
+                    "expression": cel[rule.name],
+                    "message": f"{rule.description}. Fix: {rule.remediation}",
+                    "reason": "Forbidden",
+                }
+            ],
+            deny=rule.level == "mandatory" and rule.name not in advisory,
+            extra_labels={labels.ROLE: "policy"},
         )
     return manifests
