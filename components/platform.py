@@ -20,7 +20,7 @@ from components.teams import TeamAccess, TeamResources, TeamResourcesArgs
 from trainstack import outputs as out
 from trainstack.builders import labels
 from trainstack.builders.monitoring import monitoring_output
-from trainstack.builders.platform import registry_document
+from trainstack.builders.platform import registry_groups, team_outputs
 from trainstack.builders.pools import pool_output
 from trainstack.builders.scheduling import scheduling_output
 from trainstack.builders.storage import storage_output
@@ -50,6 +50,7 @@ class PlatformOutputs:
     scheduling: dict[str, object] = field(default_factory=dict)
     monitoring: dict[str, object] = field(default_factory=dict)
     storage: dict[str, object] = field(default_factory=dict)
+    teams: dict[str, str] = field(default_factory=dict)  # team/<name> -> JSON slice
 
     def exports(self) -> dict[str, object]:
         """Stack exports by contract name; cloud-specific ones only where they exist."""
@@ -65,6 +66,7 @@ class PlatformOutputs:
             out.SCHEDULING: self.scheduling,
             out.MONITORING: self.monitoring,
             out.STORAGE: self.storage,
+            **self.teams,
         }
         if self.cloud == "aws":
             values |= {
@@ -222,5 +224,6 @@ class Platform(pulumi.ComponentResource):
         self.outputs.gpu_pools = [pool_output(cfg, p) for p in cfg.gpu_pools]
         self.outputs.storage_classes = services.storage_classes
         self.outputs.team_namespaces = services.team_namespaces
-        self.outputs.registry = registry_document(cfg)
+        self.outputs.registry = {"groups": registry_groups(cfg)}
+        self.outputs.teams = team_outputs(cfg)
         self.register_outputs({"clusterName": self.outputs.cluster_name})

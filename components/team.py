@@ -19,17 +19,17 @@ class UnknownTeamError(pulumi.RunError):
     """The team stack names a team the platform's registry does not have."""
 
 
-def check_team(config: TeamStackConfig, registry: Any) -> str:
-    """Return the team's namespace from the platform registry, or raise a clean error."""
-    teams = {t["name"]: t for t in (registry or {}).get("teams", [])}
-    if config.team not in teams:
-        known = ", ".join(sorted(teams)) or "none"
+def check_team(config: TeamStackConfig, view: PlatformView) -> str:
+    """Return the team's namespace from the platform outputs, or raise a clean error."""
+    team = view.team(config.team)
+    if team is None:
+        known = ", ".join(sorted(view.outputs.get(out.TEAM_NAMESPACES) or {})) or "none"
         raise UnknownTeamError(
             f"trainstack:team.team: team {config.team!r} is not in the registry of platform "
             f"stack {config.platform_stack} (teams: {known}); add it to that stack's "
             "registry.teams or fix the name"
         )
-    return str(teams[config.team]["namespace"])
+    return str(team["namespace"])
 
 
 async def _output_is_secret(ref: pulumi.StackReference, key: str) -> bool:
@@ -71,14 +71,14 @@ class TeamStack(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.platform = platform
-        # One typed view of the outputs jobs need. It is not a dict, so Pulumi does not
-        # lift every nested value into its own Output (which grows with the organisation).
+        # One typed view of the outputs jobs need: the shared ones and this team's slice.
+        # It is not a dict, so Pulumi does not lift every nested value into its own Output.
         # Those outputs are not secret by contract (only the kubeconfig is, read below).
-        keys = (out.REGISTRY, out.GPU_POOLS, out.SCHEDULING, out.STORAGE)
+        keys = (out.GPU_POOLS, out.STORAGE, out.TEAM_NAMESPACES, out.team_output(args.team))
         view = pulumi.Output.unsecret(platform.outputs).apply(
             lambda outputs: PlatformView({k: (outputs or {}).get(k) for k in keys})
         )
-        self.namespace = view.apply(lambda v: check_team(args, v.outputs.get(out.REGISTRY)))
+        self.namespace = view.apply(lambda v: check_team(args, v))
         kubeconfig = stack_output(platform, out.KUBECONFIG)
         context = stack_output(platform, out.KUBE_CONTEXT)
         self.k8s_provider = k8s.Provider(

@@ -6,7 +6,10 @@ names from the offline platform preview. Renaming one is a breaking change.
 
 from __future__ import annotations
 
-from typing import Final
+import json
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any, Final
 
 CLOUD: Final = "cloud"
 ENVIRONMENT: Final = "environment"
@@ -27,6 +30,13 @@ GPU_POOLS: Final = "gpuPools"
 SCHEDULING: Final = "scheduling"
 MONITORING: Final = "monitoring"
 STORAGE: Final = "storage"
+
+# One output per team, `team/<name>`: the team's registry entry with its scheduling and
+# storage, as a JSON string. A StackReference deserialises every output of the platform, so
+# per-team data kept in shared maps made each team stack's read grow with the organisation
+# (quadratic over all team stacks); a string per team costs almost nothing to pass over and
+# a team stack decodes only its own.
+TEAM_PREFIX: Final = "team/"
 
 # Team stack outputs.
 TEAM: Final = "team"
@@ -52,15 +62,14 @@ PLATFORM_OUTPUTS: Final[dict[str, tuple[str, bool, bool]]] = {
     PRIVATE_SUBNET_IDS: ("private subnet ids (nodes and pods)", True, False),
     STORAGE_CLASSES: ("StorageClass names the platform created", True, True),
     TEAM_NAMESPACES: ("team name -> namespace", True, True),
-    REGISTRY: ("the team registry: groups, teams, owners, quotas", True, True),
-    STORAGE: (
-        "per team: dataset/checkpoint claims, sub-paths, mount paths, service account, "
-        "S3 checkpoint URI, NVMe cache class",
-        True,
-        True,
-    ),
-    SCHEDULING: (
-        "queues per team, priority classes, derived per-team quotas and the capacity summary",
+    REGISTRY: ("the registry's groups and their owners (teams: `team/<name>`)", True, True),
+    STORAGE: ("the dataset repository and the NVMe cache class (teams: `team/<name>`)", True, True),
+    SCHEDULING: ("queue mode, priority classes and the capacity summary", True, True),
+    f"{TEAM_PREFIX}<name>": (
+        "one per team, a JSON string: registry entry (group, namespace, owners, quota, "
+        "maxJobHours, priorityClasses), `scheduling` (queue, pools, priority class names, "
+        "GPUs, derived quota) and `storage` (claims, sub-paths, mount paths, service account, "
+        "S3 checkpoint URI, cache class)",
         True,
         True,
     ),
@@ -75,3 +84,32 @@ PLATFORM_OUTPUTS: Final[dict[str, tuple[str, bool, bool]]] = {
         True,
     ),
 }
+
+
+def team_output(team: str) -> str:
+    """The output name of one team's slice."""
+    return f"{TEAM_PREFIX}{team}"
+
+
+@lru_cache(maxsize=4096)
+def _decode(text: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(text)
+    return doc
+
+
+def team_slice(outputs: Mapping[str, Any], team: str) -> Mapping[str, Any] | None:
+    """One team's slice of platform outputs, decoded; None if the platform has no such team.
+
+    Decoded slices are cached by their text and shared: treat them as read-only.
+    """
+    text = outputs.get(team_output(team))
+    return _decode(text) if isinstance(text, str) else None
+
+
+def team_slices(outputs: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Every team's slice by team name (for reports over whole plans)."""
+    return {
+        key.removeprefix(TEAM_PREFIX): _decode(value)
+        for key, value in outputs.items()
+        if key.startswith(TEAM_PREFIX) and isinstance(value, str)
+    }

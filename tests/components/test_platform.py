@@ -82,23 +82,31 @@ def team_program() -> None:
 
 
 def test_team_stack_reads_platform_outputs(run_program: Callable[..., Recorded]) -> None:
-    registry = {"teams": [{"name": "vision", "namespace": "vision"}]}
-    outputs = {out.REGISTRY: registry, out.KUBECONFIG: "{}", out.CLUSTER_NAME: "c"}
+    outputs = {
+        out.team_output("vision"): json.dumps({"name": "vision", "namespace": "ml-vision"}),
+        out.TEAM_NAMESPACES: {"vision": "ml-vision"},
+        out.KUBECONFIG: "{}",
+        out.CLUSTER_NAME: "c",
+    }
     rec = run_program(
         team_program, stack_outputs={"acme/trainstack/prod": (outputs, [out.KUBECONFIG])}
     )
     ref = rec.one("pulumi:pulumi:StackReference", "team-vision-platform")
     assert ref.inputs["name"] == "acme/trainstack/prod"
     provider = rec.one("pulumi:providers:kubernetes", "team-vision-k8s")
-    assert provider.inputs["namespace"] == "vision"
-    assert rec.result.outputs["namespace"] == "vision"
+    assert provider.inputs["namespace"] == "ml-vision"
+    assert rec.result.outputs["namespace"] == "ml-vision"
 
 
 def test_team_stack_rejects_a_team_missing_from_the_registry(
     run_program: Callable[..., Recorded],
 ) -> None:
-    outputs = {out.REGISTRY: {"teams": [{"name": "nlp", "namespace": "nlp"}]}}
+    outputs = {
+        out.team_output("nlp"): json.dumps({"name": "nlp", "namespace": "nlp"}),
+        out.team_output("speech"): json.dumps({"name": "speech", "namespace": "speech"}),
+        out.TEAM_NAMESPACES: {"nlp": "nlp", "speech": "speech"},
+    }
     with pytest.raises(
-        UnknownTeamError, match=r"team 'vision' is not in the registry .*teams: nlp"
+        UnknownTeamError, match=r"team 'vision' is not in the registry .*teams: nlp, speech"
     ):
         run_program(team_program, stack_outputs={"acme/trainstack/prod": (outputs, [])})

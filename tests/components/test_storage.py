@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from components.platform import Platform
 from tests.conftest import Recorded
 from trainstack.config import PlatformConfig, load_stack_file
+from trainstack.outputs import team_slice
 
 STACKS = Path(__file__).parent.parent.parent / "stacks"
 
@@ -203,8 +203,12 @@ def test_storage_output_for_the_job_layer(
             pulumi.export(key, value)
 
     rec = run_program(program)
-    vision: dict[str, Any] = rec.result.outputs["storage"]["teams"]["vision"]
-    assert vision == {
+    vision = team_slice(rec.result.outputs, "vision")
+    assert vision is not None
+    assert rec.result.outputs["storage"] == {
+        "datasetRepository": "s3://acme-ml-datasets/datasets/",
+    }
+    assert vision["storage"] == {
         "datasetClaim": "datasets",
         "datasetSubPath": "datasets",
         "datasetMountPath": "/datasets",

@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import ROOT
 from trainstack.bench import preview as bench
 from trainstack.bench.org import OrgSize, generate
+from trainstack.outputs import team_slices
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan
 from trainstack.preview.synth import run_mocked
@@ -25,7 +26,7 @@ def test_generated_org_previews_with_jobs(tmp_path: Path) -> None:
     previewer = Previewer(Project.find(tmp_path))
     platform = previewer.preview("org")
     assert len(platform.outputs["gpuPools"]) == 8
-    assert sorted(platform.outputs["scheduling"]["teams"]) == stacks[1:]
+    assert sorted(team_slices(platform.outputs)) == stacks[1:]
     team = previewer.preview("team-0001")
     jobs = [r for r in team.resources if r.type == "kubernetes:batch.volcano.sh/v1alpha1:Job"]
     assert len(jobs) == (2 if with_jobs else 0)

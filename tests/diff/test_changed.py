@@ -13,6 +13,7 @@ from tests.conftest import ROOT
 from tests.test_preview import make_project
 from trainstack.cli import app
 from trainstack.diff.changed import select_stacks
+from trainstack.outputs import team_slices
 from trainstack.preview.engine import Project
 
 runner = CliRunner()
@@ -76,7 +77,7 @@ def test_preview_changed_since_previews_only_touched_stacks(tmp_path: Path) -> N
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["dev"]
     plan = json.loads((out / "dev" / "plan.json").read_text())
-    teams = {t["name"]: t for t in plan["outputs"]["registry"]["teams"]}
+    teams = team_slices(plan["outputs"])
     assert teams["vision"]["owners"] == ["vision-owner@example.com"]
     listed = runner.invoke(app, ["changed-stacks", "HEAD", "--project-dir", str(project)])
     assert listed.exit_code == 0

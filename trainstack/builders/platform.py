@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from trainstack import outputs as out
 from trainstack.builders import labels
 from trainstack.builders.labels import TEAM_PRIORITY_ANNOTATION
+from trainstack.builders.scheduling import team_scheduling
+from trainstack.builders.storage import team_storage
 from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig, Team
 
 PLATFORM_CONFIGMAP = "trainstack-platform"
@@ -57,22 +60,47 @@ def team_namespace(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
     )
 
 
-def registry_document(cfg: PlatformConfig) -> dict[str, Any]:
-    """The team registry as published to the cluster and to stack outputs."""
+def registry_entry(team: Team) -> dict[str, Any]:
+    """One team as the registry publishes it (in-cluster ConfigMap and `team/<name>`)."""
     return {
-        "groups": [{"name": g.name, "owners": list(g.owners)} for g in cfg.registry.groups],
-        "teams": [
-            {
-                "name": t.name,
-                "group": t.group,
-                "namespace": t.namespace,
-                "owners": list(t.owners),
-                "quota": {"gpus": t.quota.gpus},
-                "maxJobHours": t.max_job_hours,
-                "priorityClasses": list(t.priority_classes),
-            }
-            for t in cfg.registry.teams
-        ],
+        "name": team.name,
+        "group": team.group,
+        "namespace": team.namespace,
+        "owners": list(team.owners),
+        "quota": {"gpus": team.quota.gpus},
+        "maxJobHours": team.max_job_hours,
+        "priorityClasses": list(team.priority_classes),
+    }
+
+
+def registry_groups(cfg: PlatformConfig) -> list[dict[str, Any]]:
+    return [{"name": g.name, "owners": list(g.owners)} for g in cfg.registry.groups]
+
+
+def registry_document(cfg: PlatformConfig) -> dict[str, Any]:
+    """The whole team registry, as published to the cluster."""
+    return {
+        "groups": registry_groups(cfg),
+        "teams": [registry_entry(t) for t in cfg.registry.teams],
+    }
+
+
+def team_document(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
+    """A team's `team/<name>` slice: what its team stack needs from the platform."""
+    return {
+        **registry_entry(team),
+        "scheduling": team_scheduling(cfg, team),
+        "storage": team_storage(cfg, team),
+    }
+
+
+def team_outputs(cfg: PlatformConfig) -> dict[str, str]:
+    """`team/<name>` -> the team's slice as compact JSON (see trainstack.outputs)."""
+    return {
+        out.team_output(t.name): json.dumps(
+            team_document(cfg, t), sort_keys=True, separators=(",", ":")
+        )
+        for t in cfg.registry.teams
     }
 
 

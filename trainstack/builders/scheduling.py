@@ -490,27 +490,27 @@ def queue_ownership_policy(cfg: PlatformConfig) -> list[dict[str, Any]]:
 
 
 def scheduling_output(cfg: PlatformConfig) -> dict[str, Any]:
-    """Queues, priority classes and derived quotas, for team stacks and PR previews."""
+    """Queue mode, priority classes and capacity, for team stacks and PR previews."""
     return {
         "queueMode": cfg.scheduling.queue_mode,
-        "queues": {t.name: t.queue for t in cfg.registry.teams},
         "priorityClasses": {
             name: {"className": priority_class_name(name), "value": value}
             for name, (value, _, _) in PRIORITY_CLASSES.items()
         },
-        "teams": {
-            t.name: {
-                "queue": t.queue,
-                "pools": list(t.pools),
-                "priorityClasses": [priority_class_name(p) for p in t.priority_classes],
-                "gpus": {
-                    "guarantee": t.quota.gpus,
-                    "deserved": t.quota.deserved_gpus,
-                    "capability": t.quota.capability_gpus,
-                },
-                "quota": team_quotas(cfg, t),
-            }
-            for t in cfg.registry.teams
-        },
         "capacity": capacity_summary(cfg),
+    }
+
+
+def team_scheduling(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
+    """A team's queue, pools, priority classes and derived quotas (its `team/<name>` slice)."""
+    return {
+        "queue": team.queue,
+        "pools": list(team.pools),
+        "priorityClasses": [priority_class_name(p) for p in team.priority_classes],
+        "gpus": {
+            "guarantee": team.quota.gpus,
+            "deserved": team.quota.deserved_gpus,
+            "capability": team.quota.capability_gpus,
+        },
+        "quota": team_quotas(cfg, team),
     }

@@ -259,38 +259,39 @@ def local_provisioner_values(cfg: PlatformConfig) -> dict[str, Any]:
     }
 
 
-def storage_output(cfg: PlatformConfig) -> dict[str, Any]:
-    """Per team: the claims, mount paths and cache class the job layer wires into pods."""
+def team_storage(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
+    """The claims, mount paths and cache class the job layer wires into a team's pods."""
     storage = cfg.storage
-    if not storage.has_checkpoint_volume and storage.nvme_cache is None:
-        return {}
-    teams: dict[str, Any] = {}
-    for team in cfg.registry.teams:
-        entry: dict[str, Any] = {}
-        if storage.has_shared_filesystem:
-            entry |= {
-                "datasetClaim": DATASETS_CLAIM,
-                "datasetSubPath": DATASETS_PATH.lstrip("/"),
-                "datasetMountPath": DATASETS_PATH,
-            }
-        if storage.has_checkpoint_volume:
-            entry |= {
-                "checkpointClaim": CHECKPOINTS_CLAIM,
-                # On EFS the team's access point is already its own directory.
-                "checkpointSubPath": (
-                    checkpoint_subpath(team) if storage.has_shared_filesystem else "checkpoints"
-                ),
-                "checkpointMountPath": CHECKPOINTS_MOUNT,
-                "serviceAccount": TRAINING_SERVICE_ACCOUNT,
-            }
-        if storage.checkpoint_bucket is not None:
-            entry["checkpointS3Uri"] = (
-                f"s3://{storage.checkpoint_bucket}/{CHECKPOINT_PREFIX}{team.name}/"
-            )
-        if storage.nvme_cache is not None:
-            entry["cacheClass"] = CACHE_CLASS
-        teams[team.name] = entry
-    doc: dict[str, Any] = {"teams": teams}
+    entry: dict[str, Any] = {}
+    if storage.has_shared_filesystem:
+        entry |= {
+            "datasetClaim": DATASETS_CLAIM,
+            "datasetSubPath": DATASETS_PATH.lstrip("/"),
+            "datasetMountPath": DATASETS_PATH,
+        }
+    if storage.has_checkpoint_volume:
+        entry |= {
+            "checkpointClaim": CHECKPOINTS_CLAIM,
+            # On EFS the team's access point is already its own directory.
+            "checkpointSubPath": (
+                checkpoint_subpath(team) if storage.has_shared_filesystem else "checkpoints"
+            ),
+            "checkpointMountPath": CHECKPOINTS_MOUNT,
+            "serviceAccount": TRAINING_SERVICE_ACCOUNT,
+        }
+    if storage.checkpoint_bucket is not None:
+        entry["checkpointS3Uri"] = (
+            f"s3://{storage.checkpoint_bucket}/{CHECKPOINT_PREFIX}{team.name}/"
+        )
+    if storage.nvme_cache is not None:
+        entry["cacheClass"] = CACHE_CLASS
+    return entry
+
+
+def storage_output(cfg: PlatformConfig) -> dict[str, Any]:
+    """Platform-wide storage facts; each team's claims are in its `team/<name>` slice."""
+    storage = cfg.storage
+    doc: dict[str, Any] = {}
     lustre = storage.lustre
     if lustre is not None and lustre.data_repository is not None:
         repo = lustre.data_repository

@@ -8,12 +8,14 @@ Pulumi program all come through here.
 from __future__ import annotations
 
 import ipaddress
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
 import yaml
 
+from trainstack import yamlio
 from trainstack.builders.network import MAX_VPC_PREFIX
 from trainstack.builders.scheduling import capacity_issues
 from trainstack.config import model as m
@@ -29,8 +31,29 @@ TEAM_KEY = "trainstack:team"
 STACK_KINDS = {PLATFORM_KEY: "platform.schema.json", TEAM_KEY: "team.schema.json"}
 
 
+# `trainstack preview` parses a stack's config before it runs the program, and the program
+# (which must also work alone under `pulumi up`) parses it again: one validation per document.
+_parsed: dict[tuple[str, str], m.StackConfig] = {}
+_PARSED_MAX = 64
+
+
 def parse_stack_config(values: Mapping[str, Any], *, stack: str, source: str) -> m.StackConfig:
     """Validate one stack's config and build its typed model, or raise ConfigError."""
+    try:
+        key: tuple[str, str] | None = (stack, json.dumps(values, sort_keys=True))
+    except (TypeError, ValueError):
+        key = None  # YAML types JSON lacks (dates): the schema reports them; do not cache
+    if key is not None and key in _parsed:
+        return _parsed[key]
+    config = _parse_stack_config(values, stack=stack, source=source)
+    if key is not None:
+        if len(_parsed) >= _PARSED_MAX:
+            del _parsed[next(iter(_parsed))]
+        _parsed[key] = config
+    return config
+
+
+def _parse_stack_config(values: Mapping[str, Any], *, stack: str, source: str) -> m.StackConfig:
     present = [key for key in STACK_KINDS if key in values]
     if len(present) != 1:
         unknown = [k for k in values if k.startswith("trainstack:") and k not in STACK_KINDS]
@@ -74,7 +97,7 @@ def parse_stack_config(values: Mapping[str, Any], *, stack: str, source: str) ->
 def read_stack_file(path: Path) -> dict[str, Any]:
     """The `config:` block of a Pulumi stack file, or ConfigError if it is not YAML."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yamlio.load(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise ConfigError(
             str(path), [ConfigIssue("file", f"cannot read: {err.strerror}")]

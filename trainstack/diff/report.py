@@ -8,6 +8,7 @@ from typing import Any
 
 from trainstack.diff.plans import ABSENT, VOLCANO_JOB, changed_paths, get
 from trainstack.diff.replace import STATEFUL, replacing_paths
+from trainstack.outputs import team_slices
 
 QUEUE = "kubernetes:scheduling.volcano.sh/v1beta1:Queue"
 STORAGE_TYPES = (
@@ -155,8 +156,8 @@ def _queue_weights(plan: dict[str, Any]) -> dict[str, Any]:
 def team_view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per team: the numbers and lists a reviewer cares about, from the plan's outputs."""
     outputs = plan.get("outputs") or {}
-    registry = {t["name"]: t for t in get(outputs, "registry", "teams", default=[]) or []}
-    scheduling = get(outputs, "scheduling", "teams", default={}) or {}
+    registry = team_slices(outputs)
+    scheduling = {name: team.get("scheduling") or {} for name, team in registry.items()}
     weights = _queue_weights(plan)
     view: dict[str, dict[str, Any]] = {}
     for name in sorted(set(registry) | set(scheduling)):
@@ -226,7 +227,10 @@ def _pool_view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _checks(plan: dict[str, Any]) -> list[Check]:
     """Σ guarantees within firm capacity (overall and per set of pools), Σ deserved within all."""
     pools = _pool_view(plan)
-    teams = get(plan, "outputs", "scheduling", "teams", default={}) or {}
+    teams = {
+        name: team.get("scheduling") or {}
+        for name, team in team_slices(plan.get("outputs") or {}).items()
+    }
     if not pools or not teams:
         return []
 

@@ -23,17 +23,14 @@ class PlatformView:
         return [p["name"] for p in self.outputs.get(out.GPU_POOLS, [])]
 
     def team(self, name: str) -> Mapping[str, Any] | None:
-        teams = self.outputs.get(out.REGISTRY, {}).get("teams", [])
-        return next((t for t in teams if t["name"] == name), None)
+        return out.team_slice(self.outputs, name)
 
     def scheduling(self, team: str) -> Mapping[str, Any]:
-        result: Mapping[str, Any] = (
-            self.outputs.get(out.SCHEDULING, {}).get("teams", {}).get(team, {})
-        )
+        result: Mapping[str, Any] = (self.team(team) or {}).get("scheduling", {})
         return result
 
     def storage(self, team: str) -> Mapping[str, Any]:
-        result: Mapping[str, Any] = self.outputs.get(out.STORAGE, {}).get("teams", {}).get(team, {})
+        result: Mapping[str, Any] = (self.team(team) or {}).get("storage", {})
         return result
 
     def cache_concurrency(self) -> int:

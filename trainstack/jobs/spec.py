@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import yaml
 
+from trainstack import yamlio
 from trainstack.config.errors import ConfigError, ConfigIssue, join_path
 from trainstack.config.schema import apply_defaults, schema_issues
 
@@ -278,7 +279,7 @@ def build(doc: Mapping[str, Any], source: str) -> JobSpec:
 
 def read(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yamlio.load(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise ConfigError(
             str(path), [ConfigIssue("file", f"cannot read: {err.strerror}")]
@@ -291,8 +292,30 @@ def is_job_document(doc: object) -> bool:
     return isinstance(doc, Mapping) and doc.get("kind") == KIND
 
 
+# A team stack's preview loads its specs twice, in the pre-check and in the program (which
+# must also work alone under `pulumi up`); both get one parse per file version.
+_loaded: dict[tuple[str, int, int], JobSpec | ConfigError] = {}
+
+
 def load_job(path: Path) -> JobSpec:
     """Schema + intrinsic checks in one pass (every error at once), then the typed spec."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return _load_job(path)  # read() reports it
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _loaded:
+        try:
+            _loaded[key] = _load_job(path)
+        except ConfigError as err:
+            _loaded[key] = err
+    result = _loaded[key]
+    if isinstance(result, ConfigError):
+        raise result
+    return result
+
+
+def _load_job(path: Path) -> JobSpec:
     doc = read(path)
     issues = schema_issues(SCHEMA, doc, "job")
     if isinstance(doc, Mapping):

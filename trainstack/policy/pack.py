@@ -16,7 +16,6 @@ from pulumi_policy import (
     EnforcementLevel,
     PolicyConfigSchema,
     PolicyCustomTimeouts,
-    PolicyResource,
     PolicyResourceOptions,
     ReportViolation,
     ResourceValidationArgs,
@@ -52,12 +51,16 @@ CONFIG_SCHEMA = PolicyConfigSchema(
 )
 
 
+def _with_fix(message: str, rule: Rule | StackRule) -> str:
+    return f"{message}. Fix: {rule.remediation}"
+
+
 def _resource_policy(rule: Rule) -> ResourceValidationPolicy:
     def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
         if args.resource_type not in rule.resource_types:
             return
         for message in rule.check(args.props, Config.from_mapping(args.get_config())):
-            report(f"{message}. Fix: {rule.remediation}", None)
+            report(_with_fix(message, rule), None)
 
     return ResourceValidationPolicy(
         name=rule.name,
@@ -73,7 +76,7 @@ def _stack_policy(rule: StackRule) -> StackValidationPolicy:
         resources = [(r.resource_type, r.name, r.props) for r in args.resources]
         urns = {r.name: r.urn for r in args.resources}
         for name, message in rule.check(resources):
-            report(f"{message}. Fix: {rule.remediation}", urns.get(name))
+            report(_with_fix(message, rule), urns.get(name))
 
     return StackValidationPolicy(
         name=rule.name,
@@ -125,36 +128,34 @@ def evaluate(
     config: Mapping[str, Any],
     levels: Mapping[str, str] | None = None,
 ) -> list[Violation]:
-    """Run every policy of the pack over (type, name, inputs), like `--policy-pack`."""
+    """Run every rule of the pack over (type, name, inputs), like `--policy-pack`.
+
+    The rules' checks run directly, with props wired as the analyzer sends them; the
+    CrossGuard wrappers around them only filter by type and append the fix (`_with_fix`).
+    """
     levels = levels or {}
+    cfg = Config.from_mapping(config)
+    active = [r for r in RULES if levels.get(r.name, r.level) != "disabled"]
+    active_stack = [r for r in STACK_RULES if levels.get(r.name, r.level) != "disabled"]
+    read = {t for r in active for t in r.resource_types}
+    read |= {t for r in active_stack for t in r.resource_types}
+    # Wire each resource a rule reads, once; the analyzer, too, deserialises a resource once
+    # for all policies. Most of a plan (components, Helm releases) no rule reads.
+    wired = [(rtype, name, _wire(props)) for rtype, name, props in resources if rtype in read]
     found: list[Violation] = []
-    # Wire each resource once; the analyzer, too, deserialises a resource once for all policies.
-    wired = [(rtype, name, _wire(props)) for rtype, name, props in resources]
-    for rule in RULES:
+    for rule in active:
         level = levels.get(rule.name, rule.level)
-        if level == "disabled":
-            continue
-        policy = _resource_policy(rule)
-        for rtype, name, props in wired:
-            if rtype not in rule.resource_types:
-                continue  # the policy would return at once; skip building its arguments
-            messages: list[tuple[str, str]] = []
-            args = ResourceValidationArgs(
-                rtype, props, f"urn:{rtype}::{name}", name, _opts(), None, dict(config)
-            )
-            policy.validate(args, _collector(messages, name))
-            found += [Violation(rule.name, n, m, level) for n, m in messages]
-    stack = [
-        PolicyResource(rtype, props, name, name, _opts(), None, None, [], {})
-        for rtype, name, props in wired
-    ]
-    for stack_rule in STACK_RULES:
+        found += [
+            Violation(rule.name, name, _with_fix(message, rule), level)
+            for rtype, name, props in wired
+            if rtype in rule.resource_types
+            for message in rule.check(props, cfg)
+        ]
+    for stack_rule in active_stack:
         level = levels.get(stack_rule.name, stack_rule.level)
-        if level == "disabled":
-            continue
-        messages = []
-        _stack_policy(stack_rule).validate(
-            StackValidationArgs(stack, dict(config)), _collector(messages, "(stack)")
-        )
-        found += [Violation(stack_rule.name, n, m, level) for n, m in messages]
+        mine = [r for r in wired if r[0] in stack_rule.resource_types]
+        found += [
+            Violation(stack_rule.name, name, _with_fix(message, stack_rule), level)
+            for name, message in stack_rule.check(mine)
+        ]
     return found

@@ -372,6 +372,7 @@ class StackRule:
     description: str
     remediation: str
     check: Callable[[Sequence[tuple[str, str, Mapping[str, Any]]]], list[tuple[str, str]]]
+    resource_types: tuple[str, ...]  # what `check` reads; the preview passes only these
     level: Level = "mandatory"
 
 
@@ -417,8 +418,9 @@ def s3_public_access_blocked(
 
 STACK_RULES: tuple[StackRule, ...] = (
     StackRule("s3-encrypted", "S3 buckets are encrypted at rest",
-              "add a BucketServerSideEncryptionConfiguration (aws:kms)", s3_encrypted),
+              "add a BucketServerSideEncryptionConfiguration (aws:kms)", s3_encrypted,
+              (BUCKET, SSE)),
     StackRule("s3-public-access-blocked", "S3 buckets block public access",
               "add a BucketPublicAccessBlock with all four settings true",
-              s3_public_access_blocked),
+              s3_public_access_blocked, (BUCKET, PAB)),
 )  # fmt: skip
