@@ -6,17 +6,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulumi
-import pulumi_kubernetes as k8s
 
+from components.kube import resource_token
 from trainstack.config.errors import ConfigError
 from trainstack.jobs.platform import PlatformView
-from trainstack.jobs.render import render
+from trainstack.jobs.render import API_VERSION, job_metadata, job_spec
 from trainstack.jobs.spec import JobSpec
 
 
-def render_or_fail(spec: JobSpec, view: PlatformView, team: str) -> dict[str, Any]:
+def spec_or_fail(spec: JobSpec, view: PlatformView, team: str) -> dict[str, Any]:
     try:
-        return render(spec, view, team)
+        return job_spec(spec, view, team)
     except ConfigError as err:
         # Inside an apply: RunError keeps Pulumi's report to the message itself.
         raise pulumi.RunError(str(err)) from None
@@ -37,13 +37,21 @@ class TrainingJob(pulumi.ComponentResource):
         self, name: str, args: TrainingJobArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("trainstack:team:TrainingJob", name, None, opts)
-        manifest = args.platform.apply(lambda view: render_or_fail(args.spec, view, args.team))
-        self.job = k8s.apiextensions.CustomResource(
+        # The metadata comes from the spec alone; only the spec waits for the platform's
+        # outputs. Same document as render() (`trainstack render-job`), without lifting the
+        # whole manifest through extra Outputs.
+        spec = args.platform.apply(lambda view: spec_or_fail(args.spec, view, args.team))
+        # Registered under its token like every platform manifest (components/kube.py): the
+        # typed class would only translate these wire names back and forth.
+        self.job = pulumi.CustomResource(
+            resource_token(API_VERSION, "Job"),
             f"{name}-volcano",
-            api_version="batch.volcano.sh/v1alpha1",
-            kind="Job",
-            metadata=manifest.apply(lambda m: m["metadata"]),
-            spec=manifest.apply(lambda m: m["spec"]),
-            opts=pulumi.ResourceOptions(parent=self, provider=args.k8s_provider),
+            {
+                "apiVersion": API_VERSION,
+                "kind": "Job",
+                "metadata": job_metadata(args.spec),
+                "spec": spec,
+            },
+            pulumi.ResourceOptions(parent=self, provider=args.k8s_provider),
         )
         self.register_outputs({"name": args.spec.name})

@@ -16,7 +16,7 @@ from tests.conftest import EXAMPLE_STACKS, ROOT, STACKS
 from trainstack.cli import app
 from trainstack.preview.mocks import RecordingMocks
 from trainstack.preview.plan import Plan
-from trainstack.preview.synth import synth
+from trainstack.preview.synth import run_mocked, synth
 
 FIVE_MISTAKES = ROOT / "tests" / "config" / "fixtures" / "invalid" / "five-mistakes.yaml"
 runner = CliRunner()
@@ -193,3 +193,21 @@ def test_team_preview_reports_every_bad_job_before_registering(tmp_path: Path) -
     assert "job_specs/vision/b.yaml: job.spec.image:" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_offline_runs_skip_source_positions_and_restore_them() -> None:
+    """The SDK hook the offline engine swaps out exists (an SDK upgrade that renames it must
+    fail here, not silently slow previews down) and is restored after the run."""
+    import pulumi.runtime.resource as sdk  # noqa: PLC0415
+
+    original = sdk._get_stack_trace
+    during: list[bool] = []
+
+    def program() -> None:
+        during.append(sdk._get_stack_trace is original)
+        pulumi.CustomResource("test:index:Thing", "thing", {"size": 1})
+
+    result = run_mocked(program, "s", {})
+    assert during == [False]
+    assert sdk._get_stack_trace is original
+    assert [(r.type, r.inputs) for r in result.records] == [("test:index:Thing", {"size": 1})]

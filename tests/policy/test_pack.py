@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import EXAMPLE_STACKS, ROOT, STACKS
+from tests.policy.crossguard import analyze
 from tests.policy.test_equivalence import CASES, CONFIG, Mutation, demo_job
 from trainstack.cli import app
 from trainstack.policy.pack import crossguard_policies, evaluate
@@ -28,7 +29,10 @@ PACK_CONFIG = {
 
 
 def rules_hit(resources: list[tuple[str, str, dict[str, Any]]], config: dict[str, Any]) -> set[str]:
-    return {v.rule for v in evaluate(resources, config)}
+    """The rules that fail, as the preview finds them; the Pulumi analyzer must agree."""
+    found = evaluate(resources, config)
+    assert sorted((v.rule, v.resource, v.message) for v in found) == analyze(resources, config)
+    return {v.rule for v in found}
 
 
 @pytest.mark.parametrize(
@@ -149,6 +153,15 @@ def test_pack_folder_starts_like_the_pulumi_cli_starts_it() -> None:
 @pytest.mark.parametrize("stack", EXAMPLE_STACKS)
 def test_examples_have_no_mandatory_violations(stack: str, example_plans: dict[str, Plan]) -> None:
     assert example_plans[stack].mandatory_violations == []
+
+
+@pytest.mark.parametrize("stack", EXAMPLE_STACKS)
+def test_the_analyzer_agrees_on_whole_plans(stack: str, example_plans: dict[str, Plan]) -> None:
+    """Every resource of the example plans, the production config, one rule made stricter."""
+    resources = [(r.type, r.name, r.inputs) for r in example_plans[stack].resources if r.custom]
+    config = {**PACK_CONFIG, "production": True, "maxMemoryLimitRequestRatio": 0.5}
+    found = evaluate(resources, config)
+    assert sorted((v.rule, v.resource, v.message) for v in found) == analyze(resources, config)
 
 
 def test_preview_fails_on_a_job_that_breaks_a_rule(tmp_path: Path) -> None:

@@ -3,8 +3,8 @@
 1. Generate an organisation (8 GPU pools, 50 teams, one team stack per team, 500 jobs) and
    preview every stack with trainstack's Previewer, as `trainstack preview` does.
 2. Replay the very same resources (types, names, parents, providers and inputs, taken from
-   the plans) through the same mock engine (`run_mocked`) with no trainstack code
-   in between: the floor no program can beat.
+   each plan right after its preview) through the same mock engine (`run_mocked`) with no
+   trainstack code in between: the floor no program can beat.
 3. Do both again for the organisation 10x larger (500 teams, 5000 jobs).
 
 The last line printed is one JSON object: resources, preview and replay seconds,
@@ -101,26 +101,30 @@ class Measured:
 
 
 def measure(root: Path, stacks: list[str], deadline: float = float("inf")) -> Measured:
-    """Preview every stack, then replay every plan, timing each phase.
+    """Preview every stack and replay each plan right after its preview, timing both.
 
-    Past `deadline` (perf_counter), the remaining stacks are skipped and both times are
-    extrapolated linearly from the stacks done (an underestimate when cost per stack grows).
+    Interleaving stack by stack exposes both sides to the same load on a shared machine (a
+    preview-all-then-replay-all run drifted by ±20 % between runs). Past `deadline`
+    (perf_counter) the remaining stacks are skipped and both times are extrapolated
+    linearly from the stacks done (an underestimate when cost per stack grows).
     """
     previewer = Previewer(Project.find(root))
-    started = time.perf_counter()
+    preview_s = replay_s = 0.0
     plans: list[Plan] = []
+    stack_outputs: dict[str, tuple[dict[str, Any], list[str]]] = {}
     for stack in stacks:
-        plans.append(previewer.preview(stack))
+        started = time.perf_counter()
+        plan = previewer.preview(stack)
+        preview_s += time.perf_counter() - started
+        plans.append(plan)
+        if plan.kind == "platform":
+            secrets = sorted(k for k, v in plan.outputs.items() if v == "[secret]")
+            stack_outputs[f"acme/trainstack/{plan.stack}"] = (plan.outputs, secrets)
+        started = time.perf_counter()
+        run_mocked(replay_program(plan), plan.stack, {}, stack_outputs=stack_outputs)
+        replay_s += time.perf_counter() - started
         if time.perf_counter() > deadline and len(plans) < len(stacks):
             break
-    preview_s = time.perf_counter() - started
-    platform = plans[0]
-    secrets = sorted(k for k, v in platform.outputs.items() if v == "[secret]")
-    stack_outputs = {"acme/trainstack/org": (platform.outputs, secrets)}
-    started = time.perf_counter()
-    for plan in plans:
-        run_mocked(replay_program(plan), plan.stack, {}, stack_outputs=stack_outputs)
-    replay_s = time.perf_counter() - started
     resources = sum(len(p.resources) for p in plans)
     jobs = sum(1 for p in plans for r in p.resources if r.type.endswith("v1alpha1:Job"))
     if len(plans) < len(stacks):

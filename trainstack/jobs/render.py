@@ -22,6 +22,7 @@ from trainstack.jobs.platform import PlatformView, profile
 from trainstack.jobs.spec import JobSpec, cpu_millis, memory_bytes
 
 MASTER, WORKER, PS = "master", "worker", "ps"
+API_VERSION = "batch.volcano.sh/v1alpha1"
 CONTAINER = "trainer"
 PYTORCH_PORT = 23456
 CACHE_MOUNT = "/cache"
@@ -438,6 +439,30 @@ def _task(spec: JobSpec, view: PlatformView, name: str, replicas: int, gpus: int
 
 def render(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -> dict[str, Any]:
     """The Volcano Job for `spec` on this platform (raises ConfigError if it cannot run)."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Job",
+        "metadata": job_metadata(spec),
+        "spec": job_spec(spec, view, stack_team),
+    }
+
+
+def job_metadata(spec: JobSpec) -> dict[str, Any]:
+    """The Job's metadata: from the spec alone (the namespace is the team's, by contract)."""
+    return {
+        "name": spec.name,
+        "namespace": spec.team,
+        "labels": job_labels(spec),
+        # Monitoring reads both (kube-state-metrics): deadline and stale-checkpoint alerts.
+        "annotations": {
+            f"{labels.PREFIX}/max-duration-seconds": str(spec.max_duration_seconds),
+            f"{labels.PREFIX}/checkpoint-interval-seconds": str(spec.checkpoint.interval_seconds),
+        },
+    }
+
+
+def job_spec(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -> dict[str, Any]:
+    """The Job's spec against the platform (raises ConfigError if it cannot run)."""
     check(spec, view, stack_team)
     workers = spec.workers
     tasks: list[dict[str, Any]]
@@ -458,7 +483,7 @@ def render(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -> 
         {"exitCode": code, "action": action} for code, action in sorted(EXIT_ACTIONS.items())
     ]
     policies.append({"event": "PodEvicted", "action": "RestartJob"})  # preemption, node drain
-    job_spec: dict[str, Any] = {
+    result: dict[str, Any] = {
         "schedulerName": "volcano",
         "queue": view.scheduling(spec.team).get("queue", spec.team),
         "priorityClassName": priority_class_name(spec.priority),
@@ -470,24 +495,8 @@ def render(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -> 
         "tasks": tasks,
     }
     if spec.topology is not None:
-        job_spec["networkTopology"] = {
+        result["networkTopology"] = {
             "mode": spec.topology.mode,
             "highestTierAllowed": TIERS[spec.topology.tier],
         }
-    return {
-        "apiVersion": "batch.volcano.sh/v1alpha1",
-        "kind": "Job",
-        "metadata": {
-            "name": spec.name,
-            "namespace": spec.team,
-            "labels": job_labels(spec),
-            # Monitoring reads both (kube-state-metrics): deadline and stale-checkpoint alerts.
-            "annotations": {
-                f"{labels.PREFIX}/max-duration-seconds": str(spec.max_duration_seconds),
-                f"{labels.PREFIX}/checkpoint-interval-seconds": str(
-                    spec.checkpoint.interval_seconds
-                ),
-            },
-        },
-        "spec": job_spec,
-    }
+    return result

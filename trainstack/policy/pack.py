@@ -15,15 +15,12 @@ from typing import Any
 from pulumi_policy import (
     EnforcementLevel,
     PolicyConfigSchema,
-    PolicyCustomTimeouts,
-    PolicyResourceOptions,
     ReportViolation,
     ResourceValidationArgs,
     ResourceValidationPolicy,
     StackValidationArgs,
     StackValidationPolicy,
 )
-from pulumi_policy.proxy import unknown_checking_proxy
 
 from trainstack.policy.rules import RULES, STACK_RULES, Config, Rule, StackRule
 
@@ -108,19 +105,13 @@ class Violation:
 
 
 def _wire(props: Mapping[str, Any]) -> Any:
-    """Props as the analyzer delivers them: numbers as floats, read-only proxies."""
-    return unknown_checking_proxy(json.loads(json.dumps(props), parse_int=float))
+    """Props with numbers as floats, as the analyzer delivers them.
 
-
-def _opts() -> PolicyResourceOptions:
-    return PolicyResourceOptions(False, [], False, [], PolicyCustomTimeouts(0, 0, 0), [])
-
-
-def _collector(found: list[tuple[str, str]], default: str) -> ReportViolation:
-    def report(message: str, urn: str | None = None) -> None:
-        found.append((str(urn or default), message))
-
-    return report
+    The analyzer also wraps them in read-only, unknown-checking proxies; offline plans have
+    no unknowns and rules do not write, and tests/policy/crossguard.py holds this path and
+    the analyzer's to the same findings.
+    """
+    return json.loads(json.dumps(props), parse_int=float)
 
 
 def evaluate(
@@ -130,8 +121,8 @@ def evaluate(
 ) -> list[Violation]:
     """Run every rule of the pack over (type, name, inputs), like `--policy-pack`.
 
-    The rules' checks run directly, with props wired as the analyzer sends them; the
-    CrossGuard wrappers around them only filter by type and append the fix (`_with_fix`).
+    The rules' checks run directly, with numbers as the analyzer sends them; the CrossGuard
+    wrappers around them only filter by type and append the fix (`_with_fix`).
     """
     levels = levels or {}
     cfg = Config.from_mapping(config)

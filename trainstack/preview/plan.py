@@ -25,16 +25,37 @@ def normalise(value: Any) -> Any:
     """Canonical form: ints for the wire's floats (`2`, not `2.0`), maps sorted, secrets masked.
 
     Map order from the engine is not stable between runs; sorting makes plans
-    byte-identical.
+    byte-identical. Done by one JSON round trip: the C encoder sorts, and Python code runs
+    only per float (and per map when the value holds a secret).
     """
+    try:
+        text = json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError):
+        return _normalise(value)  # not plain JSON data: walk it
+    hook = _mask_secret if _SECRET_SIG in text else None
+    return json.loads(text, parse_float=_number, object_hook=hook)
+
+
+def _number(text: str) -> float | int:
+    number = float(text)
+    return int(number) if number.is_integer() else number
+
+
+def _mask_secret(value: dict[str, Any]) -> Any:
+    if value.get(_SECRET_SIG_KEY) == _SECRET_SIG:
+        return SECRET_PLACEHOLDER  # plans are shared in pull requests: never print secrets
+    return value
+
+
+def _normalise(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, dict):
         if value.get(_SECRET_SIG_KEY) == _SECRET_SIG:
-            return SECRET_PLACEHOLDER  # plans are shared in pull requests: never print secrets
-        return {k: normalise(value[k]) for k in sorted(value)}
+            return SECRET_PLACEHOLDER
+        return {k: _normalise(value[k]) for k in sorted(value)}
     if isinstance(value, list):
-        return [normalise(v) for v in value]
+        return [_normalise(v) for v in value]
     return value
 
 
