@@ -49,6 +49,12 @@ def test_replay_registers_the_same_resources(example_plans: dict[str, Plan]) -> 
         assert [r.inputs for r in replayed.resources if r.custom] == [
             r.inputs for r in plan.resources if r.custom
         ]
+        # The engine sees the same dependency edges (from Outputs and depends_on in the
+        # program, declared explicitly in the replay).
+        assert [r.dependencies for r in replayed.resources] == [
+            r.dependencies for r in plan.resources
+        ]
+        assert sum(len(r.dependencies) for r in plan.resources) > 0
 
 
 def test_bench_prints_one_json_line_last(capsys: pytest.CaptureFixture[str]) -> None:

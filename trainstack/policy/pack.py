@@ -105,12 +105,10 @@ class Violation:
 
 
 def _wire(props: Mapping[str, Any]) -> Any:
-    """Props with numbers as floats, as the analyzer delivers them.
-
-    The analyzer also wraps them in read-only, unknown-checking proxies; offline plans have
-    no unknowns and rules do not write, and tests/policy/crossguard.py holds this path and
-    the analyzer's to the same findings.
-    """
+    """Props as the rules see them from the analyzer, where it matters: the analyzer sends
+    numbers as floats (and wraps props in read-only, unknown-checking proxies, which offline
+    plans without unknowns do not need); tests/policy/crossguard.py holds this path and the
+    analyzer's to the same findings."""
     return json.loads(json.dumps(props), parse_int=float)
 
 

@@ -70,11 +70,17 @@ class Config:
 # -- walking a Volcano Job ------------------------------------------------------------------
 
 
+# Plain lists and dicts first: the ABC checks (for the analyzer's proxies) are slow, and
+# rules walk every pod of every job several times.
 def _seq(value: object) -> Sequence[Any]:
+    if type(value) is list:
+        return value
     return value if isinstance(value, Sequence) and not isinstance(value, str) else ()
 
 
 def _map(value: object) -> Mapping[str, Any]:
+    if type(value) is dict:
+        return value
     return value if isinstance(value, Mapping) else {}
 
 
