@@ -129,6 +129,18 @@ CASES: list[tuple[str, str, Mutation | None, bool]] = [
     ),
     (
         "pinned-images",
+        "malformed digest",
+        lambda j: trainer(j).__setitem__("image", "registry.example.com/a@sha256:abc"),
+        False,
+    ),
+    (
+        "pinned-images",
+        "tag and digest",
+        lambda j: trainer(j).__setitem__("image", "registry.example.com/a:1.0@sha256:" + "b" * 64),
+        True,
+    ),
+    (
+        "pinned-images",
         "other registry",
         lambda j: trainer(j).__setitem__("image", "docker.io/a:1"),
         False,

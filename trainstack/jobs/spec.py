@@ -13,6 +13,7 @@ import yaml
 from trainstack import yamlio
 from trainstack.config.errors import ConfigError, ConfigIssue, join_path
 from trainstack.config.schema import apply_defaults, schema_issues
+from trainstack.policy.rules import is_pinned
 
 SCHEMA = "job.schema.json"
 API_VERSION = "trainstack.io/v1alpha1"
@@ -105,24 +106,19 @@ class JobSpec:
 
 
 def _image_issues(image: object, path: str) -> list[ConfigIssue]:
-    if not isinstance(image, str):
+    """The policy's pinning rule (`is_pinned`), with a message that says what to change."""
+    if not isinstance(image, str) or is_pinned(image):
         return []
-    if "@sha256:" in image:
-        return []
-    last = image.rsplit("/", 1)[-1]
-    if ":" not in last:
-        return [
-            ConfigIssue(path, f"{image!r} has no tag; pin a version tag or a digest (@sha256:…)")
-        ]
-    if last.endswith(":latest"):
-        return [
-            ConfigIssue(
-                path,
-                f"{image!r} uses :latest, which moves under a running job; pin a version tag "
-                "or a digest (@sha256:…)",
-            )
-        ]
-    return []
+    pin = "pin a version tag or a digest (@sha256:…)"
+    if "@" in image:
+        why = "has a malformed digest (@sha256: and 64 lowercase hex characters)"
+    elif ":" not in image.rsplit("/", 1)[-1]:
+        why = "has no tag"
+    elif image.endswith(":latest"):
+        why = "uses :latest, which moves under a running job"
+    else:
+        why = "is not pinned"
+    return [ConfigIssue(path, f"{image!r} {why}; {pin}")]
 
 
 def _resource_issues(replica: Mapping[str, Any], path: str) -> list[ConfigIssue]:

@@ -21,7 +21,17 @@ CHECKPOINT_PATH = "/checkpoints"
 CHECKPOINT_ENV = ("TRAINSTACK_CHECKPOINT_INTERVAL_S", "TRAINSTACK_CHECKPOINT_EVERY")
 MAX_DURATION_ANNOTATION = "trainstack.io/max-duration-seconds"
 GPU_TAINT_KEY = "nvidia.com/gpu"
-PINNED_IMAGE = re.compile(r"^.+(@sha256:[a-f0-9]{64}|:[^/:@]+)$")
+# A tag (never :latest, checked apart) or a full sha256 digest. The name part has no `@`, so
+# `name@sha256:abc` is not read as the tag `abc`. Shared by the job spec, this rule and its
+# CEL admission policy (RE2 accepts it as is).
+PINNED_IMAGE = re.compile(r"^[^@]+(@sha256:[a-f0-9]{64}|:[^/:@]+)$")
+
+
+def is_pinned(image: str) -> bool:
+    """Pinned by a version tag (not :latest) or a digest: one definition for spec and policy."""
+    return bool(PINNED_IMAGE.match(image)) and not image.endswith(":latest")
+
+
 _UNITS = {
     "": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
     "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40,
@@ -198,7 +208,7 @@ def pinned_images(job: Mapping[str, Any], cfg: Config) -> list[str]:
     for task, pod in pods(job):
         for c in containers(pod):
             image = str(c.get("image", ""))
-            if not PINNED_IMAGE.match(image) or image.endswith(":latest"):
+            if not is_pinned(image):
                 found.append(f"task {task}: image {image!r} is not pinned by tag or digest")
             elif cfg.allowed_registries and not any(
                 image.startswith(r) for r in cfg.allowed_registries
