@@ -1,13 +1,13 @@
 """The rules as CrossGuard policies, and running them in-process over a plan.
 
 `policies/__main__.py` builds the PolicyPack from `crossguard_policies()`; `trainstack
-preview` calls `evaluate()` with the same policy objects, with props as the analyzer sends
-them (floats, read-only proxies).
+preview` calls `evaluate()`, which runs the same rules directly over the plan. Tests run the
+pack's policy objects the way the analyzer does (tests/policy/crossguard.py) and hold both to
+the same findings.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -104,14 +104,6 @@ class Violation:
         }
 
 
-def _wire(props: Mapping[str, Any]) -> Any:
-    """Props as the rules see them from the analyzer, where it matters: the analyzer sends
-    numbers as floats (and wraps props in read-only, unknown-checking proxies, which offline
-    plans without unknowns do not need); tests/policy/crossguard.py holds this path and the
-    analyzer's to the same findings."""
-    return json.loads(json.dumps(props), parse_int=float)
-
-
 def evaluate(
     resources: Sequence[tuple[str, str, Mapping[str, Any]]],
     config: Mapping[str, Any],
@@ -119,8 +111,8 @@ def evaluate(
 ) -> list[Violation]:
     """Run every rule of the pack over (type, name, inputs), like `--policy-pack`.
 
-    The rules' checks run directly, with numbers as the analyzer sends them; the CrossGuard
-    wrappers around them only filter by type and append the fix (`_with_fix`).
+    The rules' checks run directly; the CrossGuard wrappers around them only filter by type
+    and append the fix (`_with_fix`).
     """
     levels = levels or {}
     cfg = Config.from_mapping(config)
@@ -128,9 +120,10 @@ def evaluate(
     active_stack = [r for r in STACK_RULES if levels.get(r.name, r.level) != "disabled"]
     read = {t for r in active for t in r.resource_types}
     read |= {t for r in active_stack for t in r.resource_types}
-    # Wire each resource a rule reads, once; the analyzer, too, deserialises a resource once
-    # for all policies. Most of a plan (components, Helm releases) no rule reads.
-    wired = [(rtype, name, _wire(props)) for rtype, name, props in resources if rtype in read]
+    # Only resources some rule reads (most of a plan, components and Helm releases, none
+    # does). Props go in as the plan has them; the analyzer sends numbers as floats inside
+    # read-only proxies, and tests/policy/crossguard.py holds both paths to the same findings.
+    wired = [(rtype, name, props) for rtype, name, props in resources if rtype in read]
     found: list[Violation] = []
     for rule in active:
         level = levels.get(rule.name, rule.level)

@@ -1,0 +1,108 @@
+"""The compiled validator (happy path) and jsonschema (every report) agree on every document.
+
+`schema_issues` trusts `fast_validator` to say "valid"; a document it passed that jsonschema
+rejects would slip through unreported. Every fixture, example and generated mutation of them
+must get the same verdict from both.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, STACKS
+from trainstack import yamlio
+from trainstack.config.loader import PLATFORM_KEY, STACK_KINDS
+from trainstack.config.schema import fast_validator, schema_issues, validator
+
+CONFIG_FIXTURES = sorted((ROOT / "tests" / "config" / "fixtures").rglob("*.yaml"))
+JOB_FILES = sorted((ROOT / "tests" / "jobs" / "fixtures").rglob("*.yaml")) + sorted(
+    (ROOT / "job_specs").rglob("*.yaml")
+)
+
+
+def documents() -> Iterator[tuple[str, str, Any]]:
+    """(id, schema file, document) for every stack file, fixture, job spec and the catalog."""
+    for path in [*CONFIG_FIXTURES, *sorted(STACKS.glob("Pulumi.*.yaml"))]:
+        config = (yamlio.load(path.read_text(encoding="utf-8")) or {}).get("config") or {}
+        for key, schema in STACK_KINDS.items():
+            if key in config:
+                yield f"{path.parent.name}/{path.name}", schema, config[key]
+    for path in JOB_FILES:
+        yield (
+            f"jobs/{path.parent.name}/{path.name}",
+            "job.schema.json",
+            yamlio.load(path.read_text(encoding="utf-8")),
+        )
+    catalog = ROOT / "trainstack" / "data" / "instances.yaml"
+    yield "instances.yaml", "instances.schema.json", yamlio.load(catalog.read_text())
+
+
+def mutations(doc: Any) -> Iterator[Any]:
+    """Each leaf given a wrong type, each map given an unknown key, each list emptied."""
+    paths: list[tuple[Any, ...]] = []
+
+    def walk(node: Any, path: tuple[Any, ...]) -> None:
+        paths.append(path)
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, (*path, key))
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                walk(value, (*path, index))
+
+    walk(doc, ())
+    for path in paths:
+        mutated = copy.deepcopy(doc)
+        parent = mutated
+        for step in path[:-1]:
+            parent = parent[step]
+        node = parent[path[-1]] if path else mutated
+        if isinstance(node, dict):
+            node["unexpectedKey"] = 1
+            yield mutated
+        elif isinstance(node, list):
+            node.clear()
+            yield mutated
+        elif path:
+            parent[path[-1]] = 7 if isinstance(node, str) else "seven"
+            yield mutated
+            parent[path[-1]] = -1 if isinstance(node, int | float) else ""
+            yield mutated
+
+
+CASES = list(documents())
+
+
+@pytest.mark.parametrize(
+    ("schema", "doc"), [(s, d) for _, s, d in CASES], ids=[c[0] for c in CASES]
+)
+def test_compiled_and_reference_validators_agree(schema: str, doc: Any) -> None:
+    fast = fast_validator(schema)
+    assert fast is not None, f"{schema} has no compiled validator"
+    reference = validator(schema)
+    checked = 0
+    for candidate in [doc, *mutations(doc)]:
+        expected = not any(True for _ in reference.iter_errors(candidate))
+        assert fast.is_valid(candidate) is expected, candidate
+        checked += 1
+    assert checked > 1
+
+
+def test_cases_cover_every_schema_and_invalid_documents() -> None:
+    schemas = {schema for _, schema, _ in CASES}
+    assert schemas == {"platform.schema.json", "team.schema.json", "job.schema.json",
+                       "instances.schema.json"}  # fmt: skip
+    invalid = [name for name, s, d in CASES if any(True for _ in validator(s).iter_errors(d))]
+    assert len(invalid) >= 10, invalid
+
+
+def test_documents_json_lacks_get_the_full_report() -> None:
+    """YAML dates are not JSON: the compiled validator raises, jsonschema reports."""
+    platform = yamlio.load((STACKS / "Pulumi.dev.yaml").read_text())["config"][PLATFORM_KEY]
+    platform = {**platform, "clusterName": yamlio.load("2025-01-01")}
+    issues = schema_issues(STACK_KINDS[PLATFORM_KEY], platform, PLATFORM_KEY)
+    assert [i.path for i in issues] == [f"{PLATFORM_KEY}.clusterName"]
