@@ -18,6 +18,7 @@ from trainstack.cli import app
 from trainstack.diff.plans import VOLCANO_JOB, PlanError, load_plan
 from trainstack.diff.render import MARKER, to_json, to_markdown
 from trainstack.diff.report import DiffReport, StackDiff, diff_plans
+from trainstack.outputs import team_slices
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan
 
@@ -76,6 +77,30 @@ def test_identical_plans_report_no_changes(example_plans: dict[str, Plan]) -> No
         assert (
             markdown == f"{MARKER}\n## trainstack plan diff\n\nNo changes (1 stack(s): {stack}).\n"
         )
+
+
+def legacy_outputs(doc: dict[str, Any]) -> dict[str, Any]:
+    """The plan as trainstack wrote it before `team/<name>` outputs: per-team data in shared
+    maps (a pull request's base plan, the first time)."""
+    old = copy.deepcopy(doc)
+    outputs = old["outputs"]
+    slices = team_slices(outputs)
+    for name in slices:
+        del outputs[f"team/{name}"]
+    outputs["registry"]["teams"] = [
+        {k: v for k, v in t.items() if k not in ("scheduling", "storage")} for t in slices.values()
+    ]
+    outputs["scheduling"]["teams"] = {n: t["scheduling"] for n, t in slices.items()}
+    return old
+
+
+def test_plans_from_before_team_outputs_compare_alike(prod_base: dict[str, Any]) -> None:
+    base = legacy_outputs(prod_base)
+    assert not any(k.startswith("team/") for k in base["outputs"])
+    diff, _ = report_for(base, prod_base)
+    assert diff.teams == []
+    assert len(diff.capacity.checks) >= 2
+    assert all(c.ok and c.was_ok is True for c in diff.capacity.checks)
 
 
 def test_quota_cut_is_reported_per_team(preview: Preview, prod_base: dict[str, Any]) -> None:

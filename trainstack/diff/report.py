@@ -153,10 +153,27 @@ def _queue_weights(plan: dict[str, Any]) -> dict[str, Any]:
     return weights
 
 
+def _teams(outputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each team's registry entry with its `scheduling`, from `team/<name>` outputs.
+
+    Plans from before those outputs (a pull request's base, once) kept the same data in
+    `registry.teams` and `scheduling.teams`; read them alike so that change alone shows no
+    team as added or removed.
+    """
+    slices = team_slices(outputs)
+    if slices:
+        return {name: dict(team) for name, team in slices.items()}
+    scheduling = get(outputs, "scheduling", "teams", default={}) or {}
+    return {
+        str(t["name"]): {**t, "scheduling": scheduling.get(t["name"], {})}
+        for t in get(outputs, "registry", "teams", default=[]) or []
+    }
+
+
 def team_view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per team: the numbers and lists a reviewer cares about, from the plan's outputs."""
     outputs = plan.get("outputs") or {}
-    registry = team_slices(outputs)
+    registry = _teams(outputs)
     scheduling = {name: team.get("scheduling") or {} for name, team in registry.items()}
     weights = _queue_weights(plan)
     view: dict[str, dict[str, Any]] = {}
@@ -229,7 +246,7 @@ def _checks(plan: dict[str, Any]) -> list[Check]:
     pools = _pool_view(plan)
     teams = {
         name: team.get("scheduling") or {}
-        for name, team in team_slices(plan.get("outputs") or {}).items()
+        for name, team in _teams(plan.get("outputs") or {}).items()
     }
     if not pools or not teams:
         return []
