@@ -22,8 +22,15 @@ class UnknownTeamError(pulumi.RunError):
 def check_team(config: TeamStackConfig, view: PlatformView) -> str:
     """Return the team's namespace from the platform outputs, or raise a clean error."""
     team = view.team(config.team)
+    namespaces = view.outputs.get(out.TEAM_NAMESPACES) or {}
+    if team is None and config.team in namespaces:
+        raise UnknownTeamError(
+            f"trainstack:team.team: platform stack {config.platform_stack} has team "
+            f"{config.team!r} but no {out.team_output(config.team)!r} output: an older "
+            "trainstack deployed it; run `pulumi up` on the platform stack first"
+        )
     if team is None:
-        known = ", ".join(sorted(view.outputs.get(out.TEAM_NAMESPACES) or {})) or "none"
+        known = ", ".join(sorted(namespaces)) or "none"
         raise UnknownTeamError(
             f"trainstack:team.team: team {config.team!r} is not in the registry of platform "
             f"stack {config.platform_stack} (teams: {known}); add it to that stack's "

@@ -110,3 +110,12 @@ def test_team_stack_rejects_a_team_missing_from_the_registry(
         UnknownTeamError, match=r"team 'vision' is not in the registry .*teams: nlp, speech"
     ):
         run_program(team_program, stack_outputs={"acme/trainstack/prod": (outputs, [])})
+
+
+def test_team_stack_names_an_outdated_platform_stack(
+    run_program: Callable[..., Recorded],
+) -> None:
+    """A platform deployed before `team/<name>` outputs: say so, not "unknown team"."""
+    outputs = {out.TEAM_NAMESPACES: {"vision": "vision"}}
+    with pytest.raises(UnknownTeamError, match=r"no 'team/vision' output: an older trainstack"):
+        run_program(team_program, stack_outputs={"acme/trainstack/prod": (outputs, [])})
