@@ -16,11 +16,11 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from trainstack import yamlio
 from trainstack.config import ConfigError, TeamStackConfig, load_stack_file
 from trainstack.diff.cli import register as _register_diff
 from trainstack.diff.cli import select_changed as _select_changed
 from trainstack.jobs.spec import is_job_document, load_job
-from trainstack.jobs.spec import read as read_job
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan, normalise, write_plan
 
@@ -103,7 +103,7 @@ def preview(
 
 def _validate_one(path: Path, previewer: Previewer | None, stack: str | None) -> str:
     """What `path` is, once it passed every check that applies to it (or ConfigError)."""
-    if is_job_document(read_job(path)):
+    if is_job_document(yamlio.read(path)):
         spec = load_job(path)
         if previewer is not None and stack is not None:
             previewer.render_job(stack, path)  # platform checks: pool, shape, quota, storage

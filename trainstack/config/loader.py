@@ -13,8 +13,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
-
 from trainstack import yamlio
 from trainstack.builders.network import MAX_VPC_PREFIX
 from trainstack.builders.scheduling import capacity_issues
@@ -96,14 +94,7 @@ def _parse_stack_config(values: Mapping[str, Any], *, stack: str, source: str) -
 
 def read_stack_file(path: Path) -> dict[str, Any]:
     """The `config:` block of a Pulumi stack file, or ConfigError if it is not YAML."""
-    try:
-        data = yamlio.load(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise ConfigError(
-            str(path), [ConfigIssue("file", f"cannot read: {err.strerror}")]
-        ) from None
-    except yaml.YAMLError as err:
-        raise ConfigError(str(path), [ConfigIssue("file", f"not valid YAML: {err}")]) from None
+    data = yamlio.read(path)
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise ConfigError(str(path), [ConfigIssue("config", "the stack file has no config: map")])
     return cast(dict[str, Any], data["config"])

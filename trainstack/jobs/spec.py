@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from trainstack import yamlio
 from trainstack.config.errors import ConfigError, ConfigIssue, join_path
 from trainstack.config.schema import apply_defaults, schema_issues
@@ -273,17 +271,6 @@ def build(doc: Mapping[str, Any], source: str) -> JobSpec:
     )
 
 
-def read(path: Path) -> Any:
-    try:
-        return yamlio.load(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise ConfigError(
-            str(path), [ConfigIssue("file", f"cannot read: {err.strerror}")]
-        ) from None
-    except yaml.YAMLError as err:
-        raise ConfigError(str(path), [ConfigIssue("file", f"not valid YAML: {err}")]) from None
-
-
 def is_job_document(doc: object) -> bool:
     return isinstance(doc, Mapping) and doc.get("kind") == KIND
 
@@ -298,7 +285,7 @@ def load_job(path: Path) -> JobSpec:
     try:
         stat = path.stat()
     except OSError:
-        return _load_job(path)  # read() reports it
+        return _load_job(path)  # yamlio.read reports it
     key = (str(path), stat.st_mtime_ns, stat.st_size)
     if key not in _loaded:
         try:
@@ -312,7 +299,7 @@ def load_job(path: Path) -> JobSpec:
 
 
 def _load_job(path: Path) -> JobSpec:
-    doc = read(path)
+    doc = yamlio.read(path)
     issues = schema_issues(SCHEMA, doc, "job")
     if isinstance(doc, Mapping):
         issues += intrinsic_issues(doc)
