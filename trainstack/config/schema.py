@@ -64,10 +64,22 @@ def validator(filename: str) -> Draft202012Validator:
 def fast_validator(filename: str) -> jsonschema_rs.Validator | None:
     """A compiled (Rust) validator for the happy path; None for schemas that reference
     other files. jsonschema stays the one source of error reports."""
-    text = schema_text(filename)
-    if '"$ref": "' in text.replace('"$ref": "#', ""):
+    schema = load_schema(filename)
+    if any(not ref.startswith("#") for ref in _refs(schema)):
         return None
-    return jsonschema_rs.Draft202012Validator(json.loads(text))
+    return jsonschema_rs.Draft202012Validator(schema)
+
+
+def _refs(node: object) -> Iterator[str]:
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
 
 
 def json_type(value: object) -> str:

@@ -173,12 +173,11 @@ def _teams(outputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def team_view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per team: the numbers and lists a reviewer cares about, from the plan's outputs."""
     outputs = plan.get("outputs") or {}
-    registry = _teams(outputs)
-    scheduling = {name: team.get("scheduling") or {} for name, team in registry.items()}
+    teams = _teams(outputs)
     weights = _queue_weights(plan)
     view: dict[str, dict[str, Any]] = {}
-    for name in sorted(set(registry) | set(scheduling)):
-        reg, sched = registry.get(name, {}), scheduling.get(name, {})
+    for name, reg in sorted(teams.items()):
+        sched = reg.get("scheduling") or {}
         gpus = sched.get("gpus", {})
         guarantee = gpus.get("guarantee", get(reg, "quota", "gpus"))
         deserved, capability = gpus.get("deserved"), gpus.get("capability")

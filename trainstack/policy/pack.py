@@ -116,26 +116,26 @@ def evaluate(
     """
     levels = levels or {}
     cfg = Config.from_mapping(config)
-    active = [r for r in RULES if levels.get(r.name, r.level) != "disabled"]
-    active_stack = [r for r in STACK_RULES if levels.get(r.name, r.level) != "disabled"]
-    read = {t for r in active for t in r.resource_types}
-    read |= {t for r in active_stack for t in r.resource_types}
+    active = [(r, lv) for r in RULES if (lv := levels.get(r.name, r.level)) != "disabled"]
+    active_stack = [
+        (r, lv) for r in STACK_RULES if (lv := levels.get(r.name, r.level)) != "disabled"
+    ]
+    read = {t for r, _ in active for t in r.resource_types}
+    read |= {t for r, _ in active_stack for t in r.resource_types}
     # Only resources some rule reads (most of a plan, components and Helm releases, none
     # does). Props go in as the plan has them; the analyzer sends numbers as floats inside
     # read-only proxies, and tests/policy/crossguard.py holds both paths to the same findings.
-    wired = [(rtype, name, props) for rtype, name, props in resources if rtype in read]
+    relevant = [(rtype, name, props) for rtype, name, props in resources if rtype in read]
     found: list[Violation] = []
-    for rule in active:
-        level = levels.get(rule.name, rule.level)
+    for rule, level in active:
         found += [
             Violation(rule.name, name, _with_fix(message, rule), level)
-            for rtype, name, props in wired
+            for rtype, name, props in relevant
             if rtype in rule.resource_types
             for message in rule.check(props, cfg)
         ]
-    for stack_rule in active_stack:
-        level = levels.get(stack_rule.name, stack_rule.level)
-        mine = [r for r in wired if r[0] in stack_rule.resource_types]
+    for stack_rule, level in active_stack:
+        mine = [r for r in relevant if r[0] in stack_rule.resource_types]
         found += [
             Violation(stack_rule.name, name, _with_fix(message, stack_rule), level)
             for name, message in stack_rule.check(mine)

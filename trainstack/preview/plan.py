@@ -42,17 +42,17 @@ def _number(text: str) -> float | int:
 
 
 def _mask_secret(value: dict[str, Any]) -> Any:
-    if value.get(_SECRET_SIG_KEY) == _SECRET_SIG:
-        return SECRET_PLACEHOLDER  # plans are shared in pull requests: never print secrets
-    return value
+    """Plans are shared in pull requests: a secret never appears, only its placeholder."""
+    return SECRET_PLACEHOLDER if value.get(_SECRET_SIG_KEY) == _SECRET_SIG else value
 
 
 def _normalise(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, dict):
-        if value.get(_SECRET_SIG_KEY) == _SECRET_SIG:
-            return SECRET_PLACEHOLDER
+        masked = _mask_secret(value)
+        if masked is not value:
+            return masked
         return {k: _normalise(value[k]) for k in sorted(value)}
     if isinstance(value, list):
         return [_normalise(v) for v in value]
