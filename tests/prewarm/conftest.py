@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import threading
 import uuid
 from collections.abc import Iterator
@@ -19,7 +20,10 @@ from botocore.awsrequest import AWSResponse
 from botocore.exceptions import EndpointConnectionError
 from botocore.response import StreamingBody
 from moto.server import ThreadedMotoServer
+from trainstack_prewarm.fetch import Fetcher, FetchOptions
+from trainstack_prewarm.limits import SourceLimiter
 from trainstack_prewarm.log import JsonLog
+from trainstack_prewarm.retry import RetryPolicy
 from trainstack_prewarm.sources import RemoteFile, S3Source, Sink, Source, make_s3_client
 
 AWS_ENV = {
@@ -307,3 +311,32 @@ def logs() -> LogCapture:
 def s3_source(server: S3Server, bucket: str, prefix: str) -> tuple[S3Source, S3Faults]:
     client = server.client()
     return S3Source(client, bucket, prefix), S3Faults(client)
+
+
+def make_fetcher(
+    source: Source,
+    tmp_path: Path,
+    fake_time: FakeTime,
+    logs: LogCapture,
+    *,
+    dataset: str,
+    version: str,
+    concurrency: int,
+    retry: RetryPolicy,
+    seed: int,
+    limiter: SourceLimiter | None = None,
+    lock_timeout: float = FetchOptions.lock_timeout_s,
+) -> Fetcher:
+    """A Fetcher into `tmp_path/cache` on the fake clock, logging to `logs`."""
+    return Fetcher(
+        source,
+        tmp_path / "cache",
+        dataset,
+        version,
+        options=FetchOptions(concurrency=concurrency, retry=retry, lock_timeout_s=lock_timeout),
+        limiter=limiter,
+        log=logs,
+        sleep=fake_time.sleep,
+        clock=fake_time.clock,
+        rng=random.Random(seed),
+    )

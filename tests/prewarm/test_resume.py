@@ -5,7 +5,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import random
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from trainstack_prewarm.errors import (
     LockTimeoutError,
     SourceError,
 )
-from trainstack_prewarm.fetch import Fetcher, FetchOptions, _tmp_name
+from trainstack_prewarm.fetch import Fetcher, _tmp_name
 from trainstack_prewarm.retry import RetryPolicy
 from trainstack_prewarm.sources import S3Source
 
@@ -24,6 +23,7 @@ from tests.prewarm.conftest import (
     FakeTime,
     LogCapture,
     S3Server,
+    make_fetcher,
     make_files,
     read_tree,
     s3_source,
@@ -42,19 +42,11 @@ def _fetcher(
     concurrency: int = 1,
     lock_timeout: float = 60.0,
 ) -> Fetcher:
-    return Fetcher(
-        source,
-        tmp_path / "cache",
-        "wiki",
-        "v7",
-        options=FetchOptions(
-            concurrency=concurrency, retry=RetryPolicy(3, 0.1, 1.0), lock_timeout_s=lock_timeout
-        ),
-        log=logs,
-        sleep=fake_time.sleep,
-        clock=fake_time.clock,
-        rng=random.Random(5),
-    )
+    return make_fetcher(
+        source, tmp_path, fake_time, logs, dataset="wiki", version="v7",
+        concurrency=concurrency, retry=RetryPolicy(3, 0.1, 1.0), seed=5,
+        lock_timeout=lock_timeout,
+    )  # fmt: skip
 
 
 def test_interrupted_fetch_resumes_only_missing_partial_and_changed_files(

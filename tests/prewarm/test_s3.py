@@ -16,7 +16,7 @@ from trainstack_prewarm.errors import (
     SourceError,
     TransientError,
 )
-from trainstack_prewarm.fetch import Fetcher, FetchOptions
+from trainstack_prewarm.fetch import Fetcher
 from trainstack_prewarm.limits import SourceLimiter
 from trainstack_prewarm.retry import RetryPolicy
 
@@ -26,6 +26,7 @@ from tests.prewarm.conftest import (
     InstrumentedSource,
     LogCapture,
     S3Server,
+    make_fetcher,
     make_files,
     read_tree,
     s3_source,
@@ -50,18 +51,12 @@ def _fetcher(
     dataset: str = "imagenet",
     version: str = "v3",
 ) -> Fetcher:
-    return Fetcher(
+    return make_fetcher(
         source,  # type: ignore[arg-type]
-        tmp_path / "cache",
-        dataset,
-        version,
-        options=FetchOptions(concurrency=concurrency, retry=RetryPolicy(attempts, base, cap)),
+        tmp_path, fake_time, logs, dataset=dataset, version=version,
+        concurrency=concurrency, retry=RetryPolicy(attempts, base, cap), seed=seed,
         limiter=limiter,
-        log=logs,
-        sleep=fake_time.sleep,
-        clock=fake_time.clock,
-        rng=random.Random(seed),
-    )
+    )  # fmt: skip
 
 
 def test_fetch_copies_every_object_and_writes_marker_last(
