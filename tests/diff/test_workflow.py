@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tests.e2e import toolchain
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 WORKFLOW = WORKFLOWS / "plan-diff.yml"
@@ -28,9 +29,7 @@ def tool(name: str) -> str:
             return str(candidate)
     found = shutil.which(name)
     if found is None:
-        pytest.skip(
-            f"{name} is not installed: `pip install` the `workflow-lint` extra of pyproject.toml"
-        )
+        pytest.skip(f"{name} is not installed: `make setup` installs it")
     return found
 
 
@@ -39,9 +38,17 @@ def load() -> dict[str, Any]:
     return doc
 
 
+def actionlint() -> str:
+    """actionlint as `make e2e-tools` builds it from its Go module (tests/e2e/toolchain.py)."""
+    try:
+        return str(toolchain.locate("actionlint")["actionlint"])
+    except toolchain.MissingTools as missing:
+        pytest.skip(str(missing))
+
+
 def test_actionlint_accepts_the_workflows() -> None:
     done = subprocess.run(
-        [tool("actionlint"), "-no-color", *map(str, sorted(WORKFLOWS.glob("*.yml")))],
+        [actionlint(), "-no-color", *map(str, sorted(WORKFLOWS.glob("*.yml")))],
         capture_output=True,
         text=True,
         check=False,

@@ -1,0 +1,133 @@
+"""Fixtures for the e2e suite: one real control plane per session, example stacks deployed on it.
+
+Every test in this folder is marked `e2e`: `make test` leaves them out, `make e2e` runs them.
+Without the tools they skip with a reason naming `make e2e-tools`; without the reference
+folder (CRDs), with a reason naming it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, reference_dir
+from tests.e2e import deploy, nodes, toolchain
+from tests.e2e.cluster import ControlPlane
+from tests.e2e.kube import Identity, Kube, wait_for
+from trainstack.builders.scheduling import scheduler_config
+from trainstack.builders.teams import team_group
+from trainstack.config.model import PlatformConfig
+from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.plan import Plan
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(HERE):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def tools() -> dict[str, Path]:
+    try:
+        return toolchain.locate()
+    except toolchain.MissingTools as missing:
+        pytest.skip(str(missing))
+
+
+@pytest.fixture(scope="session")
+def control_plane(
+    tools: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    reference = reference_dir()
+    if not (reference / "volcano" / "crd-bases").is_dir():
+        pytest.skip(f"reference folder {reference} is absent; set TRAINSTACK_REFERENCE to it")
+    workdir = Path(os.environ.get("TRAINSTACK_E2E_WORKDIR") or tmp_path_factory.mktemp("cp"))
+    plane = ControlPlane(tools, workdir, reference)
+    # Volcano's own chart default until a stack brings its generated configuration.
+    default_conf = yaml.safe_load((reference / "volcano" / "volcano-scheduler.conf").read_text())
+    try:
+        plane.start(default_conf)
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(control_plane: ControlPlane) -> Kube:
+    return control_plane.kube
+
+
+@pytest.fixture(scope="session")
+def previewer() -> Previewer:
+    return Previewer(Project.find(ROOT))
+
+
+@dataclass
+class Deployed:
+    """A platform stack applied to the control plane, its nodes created, its scheduler running."""
+
+    stack: str
+    cfg: PlatformConfig
+    plan: Plan
+    outcome: deploy.Outcome
+    plane: ControlPlane
+
+    @property
+    def kube(self) -> Kube:
+        return self.plane.kube
+
+    def member(self, team: str) -> Identity:
+        """A person of `team`, as EKS access entries or the IdP present them."""
+        entry = next(t for t in self.cfg.registry.teams if t.name == team)
+        return Identity(f"{team}-member@example.com", (team_group(entry), "system:authenticated"))
+
+
+def deploy_stack(plane: ControlPlane, previewer: Previewer, stack: str) -> Deployed:
+    deploy.reset(plane.kube)
+    cfg, _ = previewer.load(stack)
+    assert isinstance(cfg, PlatformConfig), f"{stack} is not a platform stack"
+    plan = previewer.preview(stack)
+    outcome = deploy.converge(plane.kube, plan)
+    assert not outcome.errors, f"{stack}: objects never accepted: {outcome.errors}"
+    simulated = nodes.stack_nodes(cfg)
+    deploy.create_nodes(plane.kube, simulated)
+    drivers = nodes.csi_drivers([obj for _, obj in plan.kubernetes_objects()])
+    for obj in nodes.cache_volumes(cfg, simulated) + nodes.csi_nodes(simulated, drivers):
+        plane.kube.create(obj)
+    plane.restart_scheduler(scheduler_config(cfg))
+
+    def queues_open() -> bool:
+        queues = plane.kube.list("scheduling.volcano.sh/v1beta1", "Queue")
+        return all(q.get("status", {}).get("state") == "Open" for q in queues)
+
+    wait_for(f"{stack}'s queues Open", queues_open, timeout=60)
+    plane.check()
+    return Deployed(stack, cfg, plan, outcome, plane)
+
+
+@pytest.fixture(scope="module")
+def prod(control_plane: ControlPlane, previewer: Previewer) -> Deployed:
+    return deploy_stack(control_plane, previewer, "prod")
+
+
+@pytest.fixture(scope="module")
+def dev(control_plane: ControlPlane, previewer: Previewer) -> Deployed:
+    return deploy_stack(control_plane, previewer, "dev")
+
+
+def job_manifest(plan: Plan, name: str) -> dict[str, Any]:
+    """A rendered Volcano Job of a team stack's plan, by job name."""
+    for resource, obj in plan.kubernetes_objects():
+        if obj["kind"] == "Job" and obj["metadata"]["name"] == name:
+            del resource
+            return obj
+    raise LookupError(f"{plan.stack} renders no Job {name}")

@@ -1,0 +1,358 @@
+"""A small Kubernetes REST client for the e2e tests: discovery, server-side apply, dry run,
+impersonation, status writes and polling. Plain HTTPS with client certificates (urllib3),
+so every request a test makes is visible here and nothing is hidden in a client library.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlencode
+
+import urllib3
+import yaml
+from urllib3 import HTTPHeaderDict
+
+FIELD_MANAGER = "trainstack-e2e"
+T = TypeVar("T")
+
+
+class ApiError(Exception):
+    """A non-2xx answer: status code, Status reason and the server's message verbatim."""
+
+    def __init__(self, method: str, path: str, status: int, body: Any) -> None:
+        self.status = status
+        self.body = body
+        if isinstance(body, Mapping):
+            self.reason = str(body.get("reason", ""))
+            self.message = str(body.get("message", body))
+        else:
+            self.reason, self.message = "", str(body)
+        super().__init__(f"{method} {path}: {status} {self.reason}: {self.message}")
+
+
+@dataclass(frozen=True)
+class Resource:
+    group_version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+    def path(self, name: str | None = None, namespace: str | None = None) -> str:
+        base = "/api/v1" if self.group_version == "v1" else f"/apis/{self.group_version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        return f"{base}/{name}" if name else base
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a request acts as (impersonation by the admin, as `kubectl --as` does)."""
+
+    user: str
+    groups: tuple[str, ...] = ()
+
+
+class Kube:
+    def __init__(self, server: str, ca: str, cert: str, key: str) -> None:
+        self.server = server
+        self.pool = urllib3.PoolManager(
+            cert_reqs="CERT_REQUIRED", ca_certs=ca, cert_file=cert, key_file=key, maxsize=8
+        )
+        self._resources: dict[tuple[str, str], Resource] = {}
+
+    # -- transport ---------------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+        as_: Identity | None = None,
+        timeout: float = 30,
+    ) -> Any:
+        headers = HTTPHeaderDict({"Content-Type": content_type, "Accept": "application/json"})
+        if as_ is not None:
+            headers["Impersonate-User"] = as_.user
+            # The API server reads every Impersonate-Group header line; a comma-joined value
+            # would be one group with a comma in its name, hence a repeated header.
+            for group in as_.groups:
+                headers.add("Impersonate-Group", group)
+        url = self.server + path
+        if params:
+            url += "?" + urlencode(params)
+        data = None if body is None else (body if isinstance(body, str) else json.dumps(body))
+        response = self.pool.request(
+            method, url, body=data, headers=headers, timeout=timeout, retries=False
+        )
+        payload: Any
+        try:
+            payload = json.loads(response.data) if response.data else None
+        except ValueError:
+            payload = response.data.decode(errors="replace")
+        if response.status >= 400:
+            raise ApiError(method, path, response.status, payload)
+        return payload
+
+    # -- discovery ---------------------------------------------------------------------------
+
+    def resource(self, api_version: str, kind: str) -> Resource:
+        key = (api_version, kind)
+        if key not in self._resources:
+            self._discover(api_version)
+        if key not in self._resources:
+            self._discover(api_version)  # a CRD may have just been established
+        try:
+            return self._resources[key]
+        except KeyError:
+            raise LookupError(f"the server serves no {kind} in {api_version}") from None
+
+    def _discover(self, api_version: str) -> None:
+        path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        try:
+            listing = self.request("GET", path)
+        except ApiError as error:
+            if error.status == 404:
+                return
+            raise
+        for item in listing.get("resources", []):
+            if "/" in item["name"]:
+                continue  # subresources
+            self._resources[(api_version, item["kind"])] = Resource(
+                api_version, item["kind"], item["name"], item["namespaced"]
+            )
+
+    def forget_discovery(self) -> None:
+        self._resources.clear()
+
+    def _path(self, obj: Mapping[str, Any], name: bool = True) -> str:
+        meta = obj["metadata"]
+        res = self.resource(obj["apiVersion"], obj["kind"])
+        return res.path(meta["name"] if name else None, meta.get("namespace"))
+
+    # -- verbs -------------------------------------------------------------------------------
+
+    def apply(
+        self,
+        obj: Mapping[str, Any],
+        *,
+        dry_run: bool = False,
+        as_: Identity | None = None,
+        manager: str = FIELD_MANAGER,
+    ) -> Any:
+        """Server-side apply (force, one field manager), optionally as a dry run."""
+        params = {"fieldManager": manager, "force": "true", "fieldValidation": "Strict"}
+        if dry_run:
+            params["dryRun"] = "All"
+        return self.request(
+            "PATCH",
+            self._path(obj),
+            yaml.safe_dump(dict(obj)),
+            params=params,
+            content_type="application/apply-patch+yaml",
+            as_=as_,
+        )
+
+    def create(
+        self, obj: Mapping[str, Any], *, as_: Identity | None = None, dry_run: bool = False
+    ) -> Any:
+        params = {"fieldValidation": "Strict"}
+        if dry_run:
+            params["dryRun"] = "All"
+        return self.request("POST", self._path(obj, name=False), obj, params=params, as_=as_)
+
+    def replace(self, obj: Mapping[str, Any], *, as_: Identity | None = None) -> Any:
+        return self.request("PUT", self._path(obj), obj, as_=as_)
+
+    def get(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        *,
+        as_: Identity | None = None,
+    ) -> Any:
+        return self.request("GET", self.resource(api_version, kind).path(name, namespace), as_=as_)
+
+    def get_or_none(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> Any:
+        try:
+            return self.get(api_version, kind, name, namespace)
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def list(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        labels: str | None = None,
+        fields: str | None = None,
+    ) -> list[Any]:
+        params = {}
+        if labels:
+            params["labelSelector"] = labels
+        if fields:
+            params["fieldSelector"] = fields
+        res = self.resource(api_version, kind)
+        return list(self.request("GET", res.path(None, namespace), params=params)["items"])
+
+    def delete(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        *,
+        grace: int | None = None,
+        as_: Identity | None = None,
+    ) -> None:
+        params = {"propagationPolicy": "Background"}
+        if grace is not None:
+            params["gracePeriodSeconds"] = str(grace)
+        try:
+            self.request(
+                "DELETE",
+                self.resource(api_version, kind).path(name, namespace),
+                params=params,
+                as_=as_,
+            )
+        except ApiError as error:
+            if error.status != 404:
+                raise
+
+    def patch_status(self, obj: Mapping[str, Any], status: Mapping[str, Any]) -> Any:
+        return self.request(
+            "PATCH",
+            self._path(obj) + "/status",
+            {"status": status},
+            content_type="application/merge-patch+json",
+        )
+
+    def patch(self, obj: Mapping[str, Any], patch: Mapping[str, Any]) -> Any:
+        return self.request(
+            "PATCH", self._path(obj), patch, content_type="application/merge-patch+json"
+        )
+
+
+def wait_for(
+    what: str,
+    probe: Callable[[], T | None],
+    *,
+    timeout: float = 60,
+    interval: float = 0.25,
+) -> T:
+    """Poll `probe` until it returns something truthy; fail naming `what` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = probe()
+        except ApiError as error:
+            last = error
+        else:
+            if last:
+                return last
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last}")
+        time.sleep(interval)
+
+
+def becomes(condition: Callable[[], Any], seconds: float) -> bool:
+    """Whether `condition` holds within `seconds` (for checks that may rightly stay false)."""
+    try:
+        wait_for("the condition", lambda: condition() or None, timeout=seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+def holds_everything(sent: Any, live: Any, path: str = "", *, builtin: bool = False) -> list[str]:
+    """Paths where the live object lost or changed a value that was sent (defaults allowed).
+
+    The API server prunes fields a structural schema does not declare, silently; comparing
+    what was sent with what came back is the only way to see that. A zero value of a Go
+    `omitempty` field is the field unset and is not echoed back (a PV's `storageClassName:
+    ""`, a PriorityClass's `globalDefault: false`), see `_unset`.
+    """
+    if isinstance(sent, Mapping):
+        if not isinstance(live, Mapping):
+            return [f"{path or '.'}: sent a map, live has {type(live).__name__}"]
+        problems: list[str] = []
+        for key, value in sent.items():
+            if key not in live:
+                if not _unset(value, builtin=builtin):
+                    problems.append(f"{path}.{key}: dropped by the server")
+            else:
+                problems += holds_everything(value, live[key], f"{path}.{key}", builtin=builtin)
+        return problems
+    if isinstance(sent, list):
+        if not isinstance(live, list) or len(live) != len(sent):
+            return [f"{path}: sent {sent!r}, live {live!r}"]
+        problems = []
+        for index, (a, b) in enumerate(zip(sent, live, strict=True)):
+            problems += holds_everything(a, b, f"{path}[{index}]", builtin=builtin)
+        return problems
+    if not _same_scalar(sent, live):
+        return [f"{path}: sent {sent!r}, live {live!r}"]
+    return []
+
+
+def _unset(value: Any, *, builtin: bool) -> bool:
+    """An empty value means the field unset, whoever drops it (Volcano's mutating webhook
+    re-encodes a Job through Go structs, so `args: []` does not come back); `false` and `0`
+    mean unset only for built-in kinds' omitempty fields."""
+    if value is None or value in ("", {}, []):
+        return True
+    return builtin and value in (False, 0)
+
+
+def _same_scalar(sent: Any, live: Any) -> bool:
+    if sent == live:
+        return True
+    # Quantities come back canonicalised ("1Gi" stays, "1000m" becomes "1"); ints sent as
+    # strings in int-or-string fields stay strings. Compare canonical quantities.
+    if isinstance(sent, (int, str)) and isinstance(live, (int, str)):
+        try:
+            return quantity(sent) == quantity(live)
+        except ValueError:
+            return False
+    return False
+
+
+_SUFFIX = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+    "E": 1e18,
+}  # fmt: skip
+
+
+def quantity(value: int | float | str) -> float:
+    """A Kubernetes quantity as a number (binary and decimal suffixes)."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = value.strip()
+    for suffix in sorted(_SUFFIX, key=len, reverse=True):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * _SUFFIX[suffix]
+    return float(text)
+
+
+def documents(paths: Iterable[str]) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            docs.extend(d for d in yaml.safe_load_all(f) if d)
+    return docs
