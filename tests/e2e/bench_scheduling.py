@@ -12,7 +12,11 @@ configuration, as the last line (one JSON object):
 
 - gpu_allocation: mean fraction of GPUs allocated while jobs were waiting (saturation);
 - jobs_started: jobs whose every pod ran;
-- partial_gangs: jobs seen holding some but not all of their pods on nodes for 3 s or more;
+- partial_gangs: jobs seen with some but not all of their pods bound to nodes for 3 s or more
+  (the scheduler's gang guarantee);
+- held_partial: jobs seen with some but not all of their pods created for 3 s or more: pods
+  that hold the namespace quota while their gang cannot run (issue 15, defect 6);
+- jobs_finished: jobs that completed within the time limit;
 - drain_s: seconds from submission until every job finished (or the time limit, then
   "drained": false);
 - fragmentation: mean fraction of free GPUs that sat on partially used nodes, under saturation.
@@ -35,7 +39,7 @@ from typing import Any
 import yaml
 
 from tests.conftest import ROOT, reference_dir
-from tests.e2e import deploy, nodes, toolchain
+from tests.e2e import deploy, toolchain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.kube import Kube
 from trainstack.bench.org import OrgSize, job_spec, platform_config
@@ -106,14 +110,18 @@ def workload(cfg: PlatformConfig, outputs: dict[str, Any]) -> list[dict[str, Any
 
 def _sample(kube: Kube, jobs: list[dict[str, Any]], capacity: dict[str, int]) -> dict[str, Any]:
     used: dict[str, int] = defaultdict(int)
+    created: dict[str, int] = defaultdict(int)
     bound: dict[str, int] = defaultdict(int)
     running: dict[str, int] = defaultdict(int)
     for pod in kube.list("v1", "Pod"):
         node = pod["spec"].get("nodeName")
         phase = pod.get("status", {}).get("phase")
-        if not node or phase in ("Succeeded", "Failed"):
-            continue
         job = pod["metadata"].get("labels", {}).get("volcano.sh/job-name", "")
+        if phase in ("Succeeded", "Failed"):
+            continue
+        created[job] += 1
+        if not node:
+            continue
         bound[job] += 1
         if phase == "Running":
             running[job] += 1
@@ -126,6 +134,7 @@ def _sample(kube: Kube, jobs: list[dict[str, Any]], capacity: dict[str, int]) ->
     free = sum(capacity[n] - used[n] for n in capacity)
     return {
         "allocated": sum(used.values()),
+        "created": dict(created),
         "bound": dict(bound),
         "running": dict(running),
         "phases": phases,
@@ -160,6 +169,9 @@ def run_once(
     started: set[str] = set()
     partial_streak: dict[str, int] = defaultdict(int)
     partial: set[str] = set()
+    held_streak: dict[str, int] = defaultdict(int)
+    held: set[str] = set()
+    finished = 0
     saturated_alloc: list[float] = []
     saturated_frag: list[float] = []
     drained = False
@@ -172,6 +184,10 @@ def run_once(
             partial_streak[name] = partial_streak[name] + 1 if 0 < held < want else 0
             if partial_streak[name] >= 3:
                 partial.add(name)
+            made = sample["created"].get(name, 0)
+            held_streak[name] = held_streak[name] + 1 if 0 < made < want else 0
+            if held_streak[name] >= 3:
+                held.add(name)
         if sample["waiting"]:
             saturated_alloc.append(sample["allocated"] / total_gpus)
             saturated_frag.append(sample["fragmentation"])
@@ -186,7 +202,9 @@ def run_once(
         if saturated_alloc
         else 0.0,
         "jobs_started": len(started),
+        "jobs_finished": finished,
         "partial_gangs": len(partial),
+        "held_partial": len(held),
         "drain_s": round(time.monotonic() - start, 1),
         "drained": drained,
         "fragmentation": round(sum(saturated_frag) / len(saturated_frag), 3)
@@ -206,13 +224,12 @@ def main() -> int:
     cfg, previewer = organisation(workdir)
     plan = previewer.preview("org")
     default_conf = yaml.safe_load((reference / "volcano" / "volcano-scheduler.conf").read_text())
-    plane = ControlPlane(tools, workdir / "cp", reference)
+    plane = ControlPlane(tools, workdir / "cp", reference, scheduler_verbosity=1)
     try:
         plane.start(default_conf)
         outcome = deploy.converge(plane.kube, plan)
         assert not outcome.errors, outcome.errors
-        simulated = nodes.stack_nodes(cfg)
-        deploy.create_nodes(plane.kube, simulated)
+        simulated = deploy.simulate_nodes(plane.kube, cfg, plan)
         capacity = {
             n["metadata"]["name"]: int(n["status"]["allocatable"][GPU_RESOURCE]) for n in simulated
         }

@@ -19,7 +19,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,11 +51,14 @@ class Process:
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        # Volcano's components open a debug socket in $DEBUG_SOCKET_DIR, /tmp/klog-socks by
+        # default (pkg/util/socket.go): keep it inside the session's directory.
+        env = dict(os.environ, DEBUG_SOCKET_DIR=str(self.log.parent.parent / "sockets"))
         with self.log.open("ab") as out:
             out.write(f"$ {shlex.join(self.argv)}\n".encode())
             out.flush()
             self.popen = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
             )
 
     def alive(self) -> bool:
@@ -91,6 +94,9 @@ class ControlPlane:
     workdir: Path
     reference: Path
     processes: dict[str, Process] = field(default_factory=dict)
+    # klog level of Volcano's scheduler: 3 explains each decision (what a failing scenario
+    # needs), and writes tens of MB a minute at organisation scale (the benchmark uses 1).
+    scheduler_verbosity: int = 3
 
     def __post_init__(self) -> None:
         self.logs = self.workdir / "logs"
@@ -388,7 +394,7 @@ class ControlPlane:
                 "--kube-api-qps=2000",
                 "--kube-api-burst=2000",
                 "--logtostderr",
-                "-v=3",
+                f"-v={self.scheduler_verbosity}",
             ],
         )
         time.sleep(0.5)
@@ -412,17 +418,3 @@ class ControlPlane:
         )
         time.sleep(0.5)
         self.processes["kwok"].check()
-
-
-@contextlib.contextmanager
-def running(
-    tools: Mapping[str, Path], workdir: Path, reference: Path, scheduler_conf: Mapping[str, Any]
-) -> Iterator[ControlPlane]:
-    plane = ControlPlane(tools, workdir, reference)
-    try:
-        plane.start(scheduler_conf)
-        yield plane
-    finally:
-        plane.stop()
-        if os.environ.get("TRAINSTACK_E2E_KEEP_LOGS") is None:
-            pass  # logs stay in pytest's temp dir (kept for the last 3 runs)

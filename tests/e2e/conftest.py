@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, reference_dir
-from tests.e2e import deploy, nodes, toolchain
+from tests.e2e import deploy, toolchain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.kube import Identity, Kube, wait_for
 from trainstack.builders.scheduling import scheduler_config
@@ -98,11 +98,7 @@ def deploy_stack(plane: ControlPlane, previewer: Previewer, stack: str) -> Deplo
     plan = previewer.preview(stack)
     outcome = deploy.converge(plane.kube, plan)
     assert not outcome.errors, f"{stack}: objects never accepted: {outcome.errors}"
-    simulated = nodes.stack_nodes(cfg)
-    deploy.create_nodes(plane.kube, simulated)
-    drivers = nodes.csi_drivers([obj for _, obj in plan.kubernetes_objects()])
-    for obj in nodes.cache_volumes(cfg, simulated) + nodes.csi_nodes(simulated, drivers):
-        plane.kube.create(obj)
+    deploy.simulate_nodes(plane.kube, cfg, plan)
     plane.restart_scheduler(scheduler_config(cfg))
 
     def queues_open() -> bool:

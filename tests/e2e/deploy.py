@@ -19,8 +19,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.e2e import nodes
 from tests.e2e.kube import ApiError, Kube, holds_everything, wait_for
 from trainstack.builders import labels
+from trainstack.config.model import PlatformConfig
 from trainstack.preview.plan import Plan, Resource
 
 # API groups the control plane does not serve, with the reason (checked by a test).
@@ -148,7 +150,7 @@ def apply_in_order(kube: Kube, plan: Plan, *, dry_run_first: bool = True) -> Out
     return outcome
 
 
-def converge(kube: Kube, plan: Plan, *, rounds: int = 6) -> Outcome:
+def converge(kube: Kube, plan: Plan, *, rounds: int = 6, dry_run_first: bool = False) -> Outcome:
     """Apply in plan order, retrying refusals while each round makes progress.
 
     What an operator gets by running `pulumi up` again: objects that are valid on their own
@@ -163,7 +165,7 @@ def converge(kube: Kube, plan: Plan, *, rounds: int = 6) -> Outcome:
         pending = [
             i
             for i in pending
-            if not _apply_one(kube, i, outcome, dry_run_first=False, custom=custom)
+            if not _apply_one(kube, i, outcome, dry_run_first=dry_run_first, custom=custom)
         ]
         if not pending:
             break
@@ -242,10 +244,21 @@ def _delete_queues(kube: Kube) -> None:
     wait_for("queues to be deleted", step, timeout=60, interval=0.5)
 
 
-def create_nodes(kube: Kube, nodes: Iterable[Mapping[str, Any]]) -> None:
+def simulate_nodes(kube: Kube, cfg: PlatformConfig, plan: Plan) -> list[dict[str, Any]]:
+    """Every pool node of the stack, Ready under kwok, with what node agents would publish
+    for it (cache volumes, CSINodes; see nodes.py). Returns the Nodes."""
+    simulated = nodes.stack_nodes(cfg)
+    create_nodes(kube, simulated)
+    drivers = nodes.csi_drivers([obj for _, obj in plan.kubernetes_objects()])
+    for obj in nodes.cache_volumes(cfg, simulated) + nodes.csi_nodes(simulated, drivers):
+        kube.create(obj)
+    return simulated
+
+
+def create_nodes(kube: Kube, simulated: Iterable[Mapping[str, Any]]) -> None:
     """Create simulated nodes; status (capacity, allocatable) is kept on create for Nodes."""
     names = []
-    for node in nodes:
+    for node in simulated:
         kube.create(node)
         names.append(node["metadata"]["name"])
 

@@ -43,7 +43,7 @@ def test_every_object_is_accepted_and_kept_whole(
         base = deploy.converge(kube, previewer.preview(platform))
         assert not base.errors, base.errors
     plan = previewer.preview(stack)
-    outcome = deploy.converge(kube, plan)
+    outcome = deploy.converge(kube, plan, dry_run_first=True)
     assert not outcome.errors, "\n".join(f"{k}: {v}" for k, v in outcome.errors.items())
     assert not outcome.pruned, outcome.pruned
     applied, _ = deploy.items(plan)
