@@ -180,8 +180,8 @@ def run_once(
         for name, want in replicas.items():
             if sample["running"].get(name, 0) == want:
                 started.add(name)
-            held = sample["bound"].get(name, 0)
-            partial_streak[name] = partial_streak[name] + 1 if 0 < held < want else 0
+            on_nodes = sample["bound"].get(name, 0)
+            partial_streak[name] = partial_streak[name] + 1 if 0 < on_nodes < want else 0
             if partial_streak[name] >= 3:
                 partial.add(name)
             made = sample["created"].get(name, 0)

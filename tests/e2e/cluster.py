@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -355,7 +356,21 @@ class ControlPlane:
 
         wait_for("the Volcano admission webhook", serving, timeout=120)
 
+    def _healthy(self, name: str, port: int) -> None:
+        """Wait for a Volcano component's /healthz (helpers.StartHealthz: plain HTTP)."""
+
+        def ok() -> bool:
+            self.processes[name].check()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        wait_for(f"{name} /healthz", ok, timeout=120)
+
     def _volcano_controllers(self) -> None:
+        health = free_port()
         self._run(
             "vc-controller-manager",
             [
@@ -363,7 +378,7 @@ class ControlPlane:
                 f"--kubeconfig={self.kubeconfig()}",
                 "--leader-elect=false",
                 "--enable-healthz=true",
-                f"--healthz-address=127.0.0.1:{free_port()}",
+                f"--healthz-address=127.0.0.1:{health}",
                 f"--listen-address=127.0.0.1:{free_port()}",
                 "--worker-threads=3",
                 "--worker-threads-for-gc=5",
@@ -372,12 +387,14 @@ class ControlPlane:
                 "-v=2",
             ],
         )
+        self._healthy("vc-controller-manager", health)
 
     def restart_scheduler(self, conf: Mapping[str, Any]) -> None:
         """(Re)start Volcano's scheduler with `conf`, the platform's generated configuration."""
         if "vc-scheduler" in self.processes:
             self.processes.pop("vc-scheduler").stop()
         self.scheduler_conf.write_text(yaml.safe_dump(dict(conf), sort_keys=False))
+        health = free_port()
         self._run(
             "vc-scheduler",
             [
@@ -389,7 +406,7 @@ class ControlPlane:
                 "--schedule-period=1s",
                 "--leader-elect=false",
                 "--enable-healthz=true",
-                f"--healthz-address=127.0.0.1:{free_port()}",
+                f"--healthz-address=127.0.0.1:{health}",
                 f"--listen-address=127.0.0.1:{free_port()}",
                 "--kube-api-qps=2000",
                 "--kube-api-burst=2000",
@@ -397,8 +414,7 @@ class ControlPlane:
                 f"-v={self.scheduler_verbosity}",
             ],
         )
-        time.sleep(0.5)
-        self.processes["vc-scheduler"].check()
+        self._healthy("vc-scheduler", health)
 
     # -- kwok -----------------------------------------------------------------------------------
 
