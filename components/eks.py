@@ -183,6 +183,7 @@ class EksCluster(pulumi.ComponentResource):
             addon_version=version,
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="OVERWRITE",
+            configuration_values=b.addon_configuration_values(addon),
             pod_identity_associations=associations,
             opts=pulumi.ResourceOptions.merge(
                 child, pulumi.ResourceOptions(depends_on=depends_on or [])

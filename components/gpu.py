@@ -109,7 +109,7 @@ class GpuNodePool(pulumi.ComponentResource):
         if spec.capacity.type == "capacityBlock":
             market = aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(market_type="capacity-block")
 
-        user_data = b.node_user_data(pool)
+        user_data = b.node_user_data(pool, cfg.storage.nvme_cache)
         template = aws.ec2.LaunchTemplate(
             f"{name}-lt",
             description=f"{cfg.cluster_name} GPU pool {pool.name} ({instance.name})",
@@ -171,12 +171,12 @@ class GpuPlugins(pulumi.ComponentResource):
         gpu_values = (
             b.gpu_operator_values()
             if cfg.gpu_device_plugin == "gpu-operator"
-            else b.nvidia_device_plugin_values()
+            else b.nvidia_device_plugin_values(cfg)
         )
         self._release(name, cfg.gpu_device_plugin, gpu_values, child)
         if any(p.fabric == "efa" for p in cfg.gpu_pools):
             self._release(name, "aws-efa-k8s-device-plugin", b.efa_device_plugin_values(cfg), child)
-        if any(p.existing is not None and p.existing.rdma for p in cfg.gpu_pools):
+        if b.network_operator_enabled(cfg):
             operator = self._release(name, "network-operator", b.network_operator_values(), child)
             apply_manifest(
                 f"{name}-nic-policy",

@@ -9,6 +9,7 @@ import pulumi
 
 from components.kube import resource_token
 from trainstack.config.errors import ConfigError
+from trainstack.jobs.lifecycle import replacement_key
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.render import API_VERSION, job_metadata, job_spec
 from trainstack.jobs.spec import JobSpec
@@ -52,6 +53,14 @@ class TrainingJob(pulumi.ComponentResource):
                 "metadata": job_metadata(args.spec),
                 "spec": spec,
             },
-            pulumi.ResourceOptions(parent=self, provider=args.k8s_provider),
+            pulumi.ResourceOptions(
+                parent=self,
+                provider=args.k8s_provider,
+                # Volcano refuses most updates of a Job (jobs/lifecycle.fixed_part): replace it
+                # when one of those fields changes, update it in place otherwise. Its name is
+                # fixed, so the old Job must go before the new one is created.
+                replacement_trigger=spec.apply(replacement_key),
+                delete_before_replace=True,
+            ),
         )
         self.register_outputs({"name": args.spec.name})

@@ -1,4 +1,5 @@
-"""Volcano: the chart, priority classes, queues from the registry, HyperNodes, ownership."""
+"""Volcano: the chart, priority classes, queues from the registry, HyperNodes, and the
+admission policies on Volcano objects (queue ownership, Commands)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 import pulumi
 
 from components.kube import apply_manifest, helm_release
-from trainstack.builders import labels
+from trainstack.builders import admission, labels
 from trainstack.builders import scheduling as b
 from trainstack.builders.platform import namespace
 from trainstack.config.model import PlatformConfig
@@ -35,13 +36,21 @@ class Volcano(pulumi.ComponentResource):
             ),
             child,
         )
+        # Volcano's CRDs are templates of this release (chart v1.15.1 has no crds/ folder), so
+        # `helm uninstall`, which deleting or replacing the Release runs, deletes them and with
+        # them every Volcano Job, Queue and PodGroup. Pulumi never uninstalls it
+        # (retain_on_delete); production refuses to delete or replace it (protect).
+        # docs/scheduling.md, "Upgrading and removing Volcano".
+        keep = pulumi.ResourceOptions(
+            depends_on=[ns], retain_on_delete=True, protect=cfg.environment == "production"
+        )
         release = helm_release(
             f"{name}-chart",
             "volcano",
             b.VOLCANO_CHART,
             namespace=b.VOLCANO_NAMESPACE,
             values=b.volcano_values(cfg),
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[ns])),
+            opts=pulumi.ResourceOptions.merge(child, keep),
         )
         for manifest in b.priority_classes(cfg):
             apply_manifest(f"{name}-priority-{manifest['metadata']['name']}", manifest, child)
@@ -49,14 +58,31 @@ class Volcano(pulumi.ComponentResource):
         after_chart = pulumi.ResourceOptions.merge(
             child, pulumi.ResourceOptions(depends_on=[release])
         )
+        # A child after its parent: Volcano's webhook refuses a queue whose parent it cannot
+        # find ("failed to get parent queue", validate_queue.go validateHierarchicalQueue).
+        created: dict[str, pulumi.CustomResource] = {}
         for manifest in b.queues(cfg):
-            apply_manifest(f"{name}-queue-{manifest['metadata']['name']}", manifest, after_chart)
+            parent = created.get(manifest["spec"].get("parent", ""))
+            queue_name = manifest["metadata"]["name"]
+            created[queue_name] = apply_manifest(
+                f"{name}-queue-{queue_name}",
+                manifest,
+                after_chart
+                if parent is None
+                else pulumi.ResourceOptions.merge(
+                    after_chart, pulumi.ResourceOptions(depends_on=[parent])
+                ),
+            )
         if cfg.scheduling.topology_aware:
             for manifest in b.hypernodes(cfg):
                 apply_manifest(
                     f"{name}-hypernode-{manifest['metadata']['name']}", manifest, after_chart
                 )
-        for manifest in b.queue_ownership_policy(cfg):
-            kind = "binding" if manifest["kind"].endswith("Binding") else "policy"
-            apply_manifest(f"{name}-queue-ownership-{kind}", manifest, after_chart)
+        for role, policy in (
+            ("queue-ownership", admission.queue_ownership_policy(cfg)),
+            ("job-commands", admission.command_policy(cfg)),
+        ):
+            for manifest in policy:
+                kind = "binding" if manifest["kind"].endswith("Binding") else "policy"
+                apply_manifest(f"{name}-{role}-{kind}", manifest, after_chart)
         self.register_outputs({})

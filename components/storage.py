@@ -5,6 +5,7 @@ access (IRSA), claims in team namespaces, and the NVMe cache class.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -61,15 +62,16 @@ class PlatformStorage(pulumi.ComponentResource):
         storage = cfg.storage
         kube = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
         # Manifests may carry Outputs (ARNs, file-system ids); Pulumi resolves them.
-        csi: dict[str, Any] | None = None
+        # `csi_for(team)`: the team's PV source, with a volume handle of its own.
+        csi_for: Callable[[Team], dict[str, Any]] | None = None
         role_arns: dict[str, pulumi.Output[str]] = {}
         efs_handles: dict[str, pulumi.Output[str]] = {}
         if args.aws is not None:
-            csi, role_arns = self._aws(name, cfg, args.aws)
+            csi_for, role_arns = self._aws(name, cfg, args.aws)
             if storage.efs is not None:
                 efs_handles = self._efs(name, cfg, args.aws)
         elif storage.existing_lustre is not None:
-            csi = b.existing_lustre_csi(cfg)
+            csi_for = partial(b.existing_lustre_csi, cfg)
         for team in cfg.registry.teams:
             in_team = pulumi.ResourceOptions.merge(
                 kube, pulumi.ResourceOptions(depends_on=[args.namespaces[team.name]])
@@ -78,8 +80,8 @@ class PlatformStorage(pulumi.ComponentResource):
             apply_manifest(f"{name}-sa-{team.name}", account, in_team)
             if team.name in efs_handles:
                 volumes = b.efs_checkpoint_volume(cfg, team, efs_handles[team.name])
-            elif csi is not None:
-                volumes = b.team_volumes(cfg, team, csi)
+            elif csi_for is not None:
+                volumes = b.team_volumes(cfg, team, csi_for(team))
             else:
                 continue
             for manifest in volumes:
@@ -101,7 +103,7 @@ class PlatformStorage(pulumi.ComponentResource):
 
     def _aws(
         self, name: str, cfg: PlatformConfig, ctx: AwsContext
-    ) -> tuple[dict[str, Any] | None, dict[str, pulumi.Output[str]]]:
+    ) -> tuple[Callable[[Team], dict[str, Any]] | None, dict[str, pulumi.Output[str]]]:
         storage = cfg.storage
         child = pulumi.ResourceOptions(parent=self, provider=ctx.provider)
         key = self._key = aws.kms.Key(
@@ -111,7 +113,7 @@ class PlatformStorage(pulumi.ComponentResource):
             deletion_window_in_days=30,
             opts=child,
         )
-        csi = None
+        csi_for: Callable[[Team], dict[str, Any]] | None = None
         lustre = storage.lustre
         if lustre is not None:
             group = aws.ec2.SecurityGroup(
@@ -173,11 +175,17 @@ class PlatformStorage(pulumi.ComponentResource):
                     ),
                     opts=child,
                 )
-            csi = {
-                "driver": b.FSX_CSI_DRIVER,
-                "volumeHandle": fs.id,
-                "volumeAttributes": {"dnsname": fs.dns_name, "mountname": fs.mount_name},
-            }
+            attributes = {"dnsname": fs.dns_name, "mountname": fs.mount_name}
+            file_system_id = fs.id
+
+            def fsx_csi(team: Team) -> dict[str, Any]:
+                return {
+                    "driver": b.FSX_CSI_DRIVER,
+                    "volumeHandle": file_system_id.apply(partial(b.fsx_volume_handle, team=team)),
+                    "volumeAttributes": dict(attributes),
+                }
+
+            csi_for = fsx_csi
         roles: dict[str, pulumi.Output[str]] = {}
         if storage.checkpoint_bucket is not None:
             self._bucket(name, cfg, storage.checkpoint_bucket, key, child)
@@ -199,7 +207,7 @@ class PlatformStorage(pulumi.ComponentResource):
                     opts=child,
                 )
                 roles[team.name] = role.arn
-        return csi, roles
+        return csi_for, roles
 
     def _efs(
         self, name: str, cfg: PlatformConfig, ctx: AwsContext

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,7 +13,9 @@ from trainstack.builders.fabric import (
     OBSOLETE_EFA_ENV,
     efa_network_interfaces,
     efa_profile,
+    pod_interfaces,
     rdma_profile,
+    socket_ifname_matches,
     tcp_profile,
 )
 from trainstack.catalog import catalog, lookup
@@ -74,14 +78,19 @@ def test_profiles_never_emit_obsolete_efa_settings() -> None:
             assert not OBSOLETE_EFA_ENV & set(efa_profile(instance).env), instance.name
 
 
-def test_roce_and_tcp_env() -> None:
-    roce = rdma_profile(
+def _roce(**extra: Any) -> Any:
+    return rdma_profile(
         "roce",
         gpus_per_node=8,
         resource="rdma/rdma_shared_device_a",
         hcas="mlx5_0,mlx5_1",
         socket_ifname="eth0",
+        **extra,
     )
+
+
+def test_roce_and_tcp_env() -> None:
+    roce = _roce()
     assert roce.env["NCCL_IB_GID_INDEX"] == "3"
     assert roce.env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
     ib = rdma_profile(
@@ -118,3 +127,54 @@ def test_shares_add_up_to_the_node_or_are_refused(gpus: int) -> None:
         assert int(share[EFA_RESOURCE]) * replicas == profile.devices_per_node[EFA_RESOURCE]
         hugepages = int(share["hugepages-2Mi"].removesuffix("Mi"))
         assert hugepages * replicas == profile.hugepages_mi_per_node
+
+
+def test_rdma_pods_lock_memory_and_join_the_secondary_network() -> None:
+    """Issue 15: RoCE pods need the RDMA devices, IPC_LOCK and an address on the fabric.
+
+    What the NVIDIA Network Operator expects of a pod using the RDMA shared device plugin
+    (Mellanox/network-operator v25.7.0 example/rdma-gpu-test-pod1.yml,
+    Mellanox/network-operator-docs v25.7.0 docs/deployment-guide-kubernetes.rst): the
+    `rdma/<resourceName>` resource, `securityContext.capabilities.add: [IPC_LOCK]` and the
+    `k8s.v1.cni.cncf.io/networks` annotation naming its secondary network (a MacvlanNetwork's
+    NetworkAttachmentDefinition). Multus names that interface net1 (multus-cni v4.3.0
+    pkg/multus/multus.go getIfname); eth0 stays the cluster network.
+    """
+    roce = _roce(secondary_network="default/roce-net")
+    assert roce.capabilities == ("IPC_LOCK",)
+    assert roce.pod_annotations() == {"k8s.v1.cni.cncf.io/networks": "default/roce-net"}
+    assert roce.to_json()["secondaryNetwork"] == "default/roce-net"
+    assert roce.to_json()["capabilities"] == ["IPC_LOCK"]
+    ib = rdma_profile(
+        "infiniband", gpus_per_node=8, resource="rdma/ib", hcas="mlx5", socket_ifname="eth0"
+    )
+    assert ib.capabilities == ("IPC_LOCK",)
+    assert ib.pod_annotations() == {}
+    for other in (tcp_profile(4, "eth0"), efa_profile(lookup("p5.48xlarge"))):
+        assert other.capabilities == ()
+        assert other.pod_annotations() == {}
+
+
+@pytest.mark.parametrize(
+    ("value", "network", "matches"),
+    [
+        ("eth0", None, True),
+        ("eth", None, True),
+        ("=eth0", None, True),
+        ("^lo,docker", None, True),
+        ("bond0", None, False),  # the onprem example's host bond: not in any pod
+        ("bond0", "default/roce-net", False),
+        ("ib0", None, False),
+        ("net1", None, False),
+        ("net1", "default/roce-net", True),
+        ("=net", "default/roce-net", False),
+        ("bond0,eth0", None, True),
+    ],
+)
+def test_socket_ifname_must_name_a_pod_interface(
+    value: str, network: str | None, matches: bool
+) -> None:
+    """NCCL_SOCKET_IFNAME is read inside the pod: NCCL v2.21.5 src/misc/socket.cc
+    findInterfaces lists the pod's own interfaces (`^` excludes, `=` matches exactly,
+    otherwise prefixes, src/misc/utils.cc matchIf)."""
+    assert socket_ifname_matches(value, pod_interfaces(network)) is matches

@@ -282,3 +282,16 @@ def test_arithmetic_accepts_exactly_the_feasible_registries(
 
 def quantity(value: str) -> int:
     return int(value.rstrip("GiM"))
+
+
+def test_every_priority_class_can_reclaim_lent_gpus() -> None:
+    """Issue 15 #10: Volcano's reclaim skips a preemptor whose class has PreemptionPolicy
+    Never (v1.15.1 pkg/scheduler/actions/reclaim/reclaim.go), so a team running only
+    preemptible jobs would never get back the GPUs it lent. Priority acts only inside a queue
+    (actions/preempt/preempt.go), which the descriptions must say rather than "everything"."""
+    for name, (_, policy, description) in s.PRIORITY_CLASSES.items():
+        assert policy == "PreemptLowerPriority", name
+        assert "everything" not in description, name
+    lowest = min(s.PRIORITY_CLASSES, key=lambda n: s.PRIORITY_CLASSES[n][0])
+    assert lowest == "preemptible"
+    assert "preempts nothing" in s.PRIORITY_CLASSES[lowest][2]

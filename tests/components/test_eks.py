@@ -141,6 +141,22 @@ def test_core_addons_and_their_order(recorded: Recorded) -> None:
     assert all(a.inputs["resolveConflictsOnUpdate"] == "OVERWRITE" for a in addons.values())
 
 
+def test_vpc_cni_enforces_network_policies(recorded: Recorded) -> None:
+    """Without `enableNetworkPolicy` the team NetworkPolicies are accepted and ignored.
+
+    The key and its string value are the vpc-cni add-on's configuration schema, which mirrors
+    the aws-vpc-cni chart values (aws/amazon-vpc-cni-k8s charts/aws-vpc-cni/values.yaml:
+    `enableNetworkPolicy: "false"`, rendered into the aws-node `--enable-network-policy` flag
+    and the `enable-network-policy-controller` ConfigMap key); EKS user guide, "Restrict Pod
+    network traffic with Kubernetes network policies" (cni-network-policy-configure).
+    """
+    addons = {a.inputs["addonName"]: a for a in recorded.of_type("aws:eks/addon:Addon")}
+    values = json.loads(addons["vpc-cni"].inputs["configurationValues"])
+    assert values["enableNetworkPolicy"] == "true"
+    # Add-ons trainstack does not configure keep EKS's defaults.
+    assert all("configurationValues" not in a.inputs for n, a in addons.items() if n != "vpc-cni")
+
+
 def test_kubernetes_provider_is_bound_to_the_cluster(recorded: Recorded) -> None:
     provider = recorded.one("pulumi:providers:kubernetes", "c-k8s")
     assert provider.inputs["enableServerSideApply"] == "true"

@@ -259,6 +259,8 @@ def test_device_plugins_select_only_nodes_with_the_device(
             ]
         }
     ]
+    # AWS pools label their own nodes (node_labels): no GPU Feature Discovery needed
+    assert "gfd" not in nvidia["values"]
     efa = releases["aws-efa-k8s-device-plugin"]
     assert efa["version"] == "v0.5.30"
     assert efa["values"]["nodeSelector"] == {"trainstack.io/fabric": "efa"}
@@ -285,6 +287,82 @@ def test_no_efa_plugin_without_efa_pools_and_gpu_operator_option(
     assert values["toolkit"] == {"enabled": False}
 
 
+NFD_GPU = {
+    "key": "feature.node.kubernetes.io/pci-10de.present",
+    "operator": "In",
+    "values": ["true"],
+}
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def existing_pool(selector: dict[str, str], **extra: Any) -> dict[str, Any]:
+    return {
+        "name": "a100",
+        "fabric": "tcp",
+        "nodeSelector": selector,
+        "gpusPerNode": 8,
+        "nodes": 4,
+        "cpusPerNode": 128,
+        "memoryGiBPerNode": 1024,
+        **extra,
+    }
+
+
+def affinity_terms(values: dict[str, Any]) -> list[dict[str, Any]]:
+    terms: list[dict[str, Any]] = values["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    return terms
+
+
+def test_existing_cluster_pools_get_the_labels_their_selectors_use(
+    run_program: Callable[..., Recorded],
+) -> None:
+    """On an existing cluster nothing else sets the NVIDIA labels a pool or the plugin uses.
+
+    NVIDIA/k8s-device-plugin v0.18.2 (the pinned chart): `nvidia.com/gpu.product` comes from
+    GPU Feature Discovery (docs/gpu-feature-discovery/README.md), which the chart leaves off
+    (values.yaml `gfd.enabled: false`; turning it on pulls in NFD, Chart.yaml condition
+    `nfd.enabled,gfd.enabled`). GFD never sets `nvidia.com/gpu.present`: the chart's default
+    affinity only lets it "force" a deployment; the GPU operator sets it (NVIDIA/gpu-operator
+    controllers/state_manager.go `commonGPULabelKey`), and on AWS the pools' node groups do.
+    GFD shares the plugin's affinity (templates/daemonset-gfd.yml), so the affinity must also
+    accept NFD's PCI vendor label, or GFD could never label a node for the first time.
+    """
+    cfg = platform([existing_pool({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})], "existing")
+    values = plugin_releases(run_plugins(run_program, cfg))["nvidia-device-plugin"]["values"]
+    assert values["gfd"] == {"enabled": True}
+    terms = affinity_terms(values)
+    assert {"matchExpressions": [NFD_GPU]} in terms
+    assert {
+        "matchExpressions": [
+            {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-A100-SXM4-80GB"]}
+        ]
+    } in terms
+    # the NFD subchart is installed, and its workers reach tainted GPU nodes too
+    assert values["nfd"].get("enabled", True) is True
+    assert GPU_TOLERATION in values["nfd"]["worker"]["tolerations"]
+
+
+def test_existing_rdma_pools_share_the_network_operators_nfd(
+    run_program: Callable[..., Recorded],
+) -> None:
+    """The Network Operator already deploys NFD (network_operator_values); a second one from
+    the device plugin chart would label the same nodes twice (its README: `nfd.enabled=false`
+    "if you already have NFD deployed"). The operator's NFD serves GFD as well: it labels PCI
+    classes 0300/0302 by vendor (so `pci-10de.present`), tolerates `nvidia.com/gpu` and allows
+    the `nvidia.com` label namespace (Mellanox/network-operator v25.7.0, the pinned chart,
+    deployment/network-operator/values.yaml `node-feature-discovery`)."""
+    rdma = {"resourceName": "roce_a", "interfaces": ["ens1f0"], "hcas": "mlx5_0"}
+    pool = existing_pool({"gpu": "a100"}, fabric="infiniband", rdma=rdma)
+    releases = plugin_releases(run_plugins(run_program, platform([pool], cloud="existing")))
+    assert releases["network-operator"]["values"]["nfd"] == {"enabled": True}
+    values = releases["nvidia-device-plugin"]["values"]
+    assert values["gfd"] == {"enabled": True}
+    assert values["nfd"] == {"enabled": False}
+    assert {"matchExpressions": [NFD_GPU]} in affinity_terms(values)
+
+
 def test_existing_roce_pool_gets_network_operator_and_policy(
     run_program: Callable[..., Recorded],
 ) -> None:
@@ -296,7 +374,12 @@ def test_existing_roce_pool_gets_network_operator_and_policy(
         "nodes": 4,
         "cpusPerNode": 128,
         "memoryGiBPerNode": 1024,
-        "rdma": {"resourceName": "roce_a", "interfaces": ["ens1f0"], "hcas": "mlx5_0"},
+        "rdma": {
+            "resourceName": "roce_a",
+            "interfaces": ["ens1f0"],
+            "hcas": "mlx5_0",
+            "secondaryNetwork": "default/roce-net",  # required for roce (docs/fabrics.md)
+        },
     }
     rec = run_plugins(run_program, platform([pool], cloud="existing"))
     assert set(plugin_releases(rec)) == {"nvidia-device-plugin", "network-operator"}

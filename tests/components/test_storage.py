@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -152,20 +153,36 @@ def test_team_iam_is_confined_to_its_own_prefixes(
 
 
 def test_team_claims(run_program: Callable[..., Recorded], prod: PlatformConfig) -> None:
+    """One claim per team on the shared file system, its PV with a handle of its own.
+
+    A team's pods mount the claim once, with a datasets and a checkpoints sub-path (issue 15:
+    the kubelet keys CSI volumes by driver and handle, kubernetes/kubernetes#91556). The FSx
+    CSI driver mounts `<dnsname>@tcp:/<mountname>` from volumeAttributes and uses the volume
+    id only as a non-empty key (kubernetes-sigs/aws-fsx-csi-driver v1.9.0, the chart 1.17.0
+    app version: pkg/driver/node.go NodePublishVolume; no NodeStage, controllerCaps without
+    PUBLISH_UNPUBLISH, CSIDriver attachRequired: false), so each team's PV can carry
+    `<fs id>::<team>`.
+    """
     rec = run(run_program, prod)
-    pv = rec.one("kubernetes:core/v1:PersistentVolume", "p-storage-vision-checkpoints-pv").inputs
+    pv = rec.one("kubernetes:core/v1:PersistentVolume", "p-storage-vision-lustre-pv").inputs
     assert pv["spec"]["csi"]["driver"] == "fsx.csi.aws.com"
-    assert pv["spec"]["csi"]["volumeHandle"] == "p-storage-lustre-id"
-    assert pv["spec"]["claimRef"] == {"namespace": "vision", "name": "checkpoints"}
+    assert pv["spec"]["csi"]["volumeHandle"] == "p-storage-lustre-id::vision"
+    assert sorted(pv["spec"]["csi"]["volumeAttributes"]) == ["dnsname", "mountname"]
+    assert pv["spec"]["claimRef"] == {"namespace": "vision", "name": "lustre"}
+    assert pv["spec"]["accessModes"] == ["ReadWriteMany"]
     assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
-    datasets = rec.one("kubernetes:core/v1:PersistentVolume", "p-storage-vision-datasets-pv").inputs
-    assert datasets["spec"]["accessModes"] == ["ReadOnlyMany"]
-    assert datasets["spec"]["csi"]["readOnly"] is True
-    pvc = rec.one(
-        "kubernetes:core/v1:PersistentVolumeClaim", "p-storage-vision-checkpoints-pvc"
-    ).inputs
+    assert "readOnly" not in pv["spec"]["csi"]  # datasets: read-only per mount, in the pod
+    handles = {
+        r.inputs["spec"]["csi"]["volumeHandle"]
+        for r in rec.of_type("kubernetes:core/v1:PersistentVolume")
+    }
+    assert handles == {f"p-storage-lustre-id::{t.name}" for t in prod.registry.teams}
+    pvc = rec.one("kubernetes:core/v1:PersistentVolumeClaim", "p-storage-vision-lustre-pvc").inputs
     assert pvc["metadata"]["namespace"] == "vision"
-    assert pvc["spec"]["volumeName"] == "vision-checkpoints"
+    assert pvc["spec"]["volumeName"] == "vision-lustre"
+    assert [r.name for r in rec.of_type("kubernetes:core/v1:PersistentVolumeClaim")] == [
+        f"p-storage-{t.name}-lustre-pvc" for t in prod.registry.teams
+    ]
 
 
 def test_dev_uses_the_nvme_cache_and_scratch_lustre(run_program: Callable[..., Recorded]) -> None:
@@ -176,7 +193,7 @@ def test_dev_uses_the_nvme_cache_and_scratch_lustre(run_program: Callable[..., R
     release = rec.one("kubernetes:helm.sh/v3:Release", "p-storage-nvme-cache").inputs
     assert release["chart"] == "local-static-provisioner"
     assert release["values"]["classes"][0]["name"] == "nvme-cache"
-    assert release["values"]["classes"][0]["hostDir"] == "/mnt/k8s-disks"
+    assert release["values"]["classes"][0]["hostDir"] == "/mnt/trainstack-cache"
 
 
 def test_existing_cluster_uses_its_lustre_and_creates_nothing_on_aws(
@@ -184,13 +201,38 @@ def test_existing_cluster_uses_its_lustre_and_creates_nothing_on_aws(
 ) -> None:
     rec = run(run_program, load("onprem"))
     assert not [r for r in rec.records if r.type.startswith("aws:")]
-    pv = rec.one("kubernetes:core/v1:PersistentVolume", "p-storage-speech-datasets-pv").inputs
+    pv = rec.one("kubernetes:core/v1:PersistentVolume", "p-storage-speech-lustre-pv").inputs
+    # The operator's handle as written: drivers differ in what they read from it (HPE's
+    # lustre.csi.hpe.com mounts the volume id itself: HewlettPackard/lustre-csi-driver
+    # pkg/hpelustre/nodeserver.go NodePublishVolume, `source := volumeID`).
     assert pv["spec"]["csi"] == {
         "driver": "lustre.csi.hpe.com",
         "volumeHandle": "mgs.lab.internal@tcp:/trainfs",
         "volumeAttributes": {"fsName": "trainfs", "mgsAddress": "mgs.lab.internal@tcp"},
-        "readOnly": True,
     }
+    assert len(rec.of_type("kubernetes:core/v1:PersistentVolume")) == 1  # one team
+
+
+def test_existing_lustre_handle_per_team(run_program: Callable[..., Recorded]) -> None:
+    """`{team}` in existingLustre.volumeHandle gives each team's PV its own handle, for
+    drivers that read the file system from volumeAttributes."""
+    cfg = load("onprem")
+    assert cfg.storage.existing_lustre is not None
+    team = cfg.registry.teams[0]
+    cfg = replace(
+        cfg,
+        storage=replace(
+            cfg.storage,
+            existing_lustre=replace(cfg.storage.existing_lustre, volume_handle="trainfs-{team}"),
+        ),
+        registry=replace(cfg.registry, teams=(team, replace(team, name="nlp"))),
+    )
+    rec = run(run_program, cfg)
+    handles = sorted(
+        r.inputs["spec"]["csi"]["volumeHandle"]
+        for r in rec.of_type("kubernetes:core/v1:PersistentVolume")
+    )
+    assert handles == ["trainfs-nlp", "trainfs-speech"]
 
 
 def test_storage_output_for_the_job_layer(
@@ -209,10 +251,10 @@ def test_storage_output_for_the_job_layer(
         "datasetRepository": "s3://acme-ml-datasets/datasets/",
     }
     assert vision["storage"] == {
-        "datasetClaim": "datasets",
+        "datasetClaim": "lustre",
         "datasetSubPath": "datasets",
         "datasetMountPath": "/datasets",
-        "checkpointClaim": "checkpoints",
+        "checkpointClaim": "lustre",
         "checkpointSubPath": "checkpoints/vision",
         "checkpointMountPath": "/checkpoints",
         "serviceAccount": "training",

@@ -80,3 +80,17 @@ def test_private_endpoint_drops_public_cidrs() -> None:
     assert config.aws is not None
     assert config.aws.cluster.endpoint.public is False
     assert config.aws.cluster.endpoint.public_cidrs == ()
+
+
+def test_rdma_pool_secondary_network_and_pod_socket_interface() -> None:
+    """`rdma.secondaryNetwork` reaches the model; socketIfname defaults to the pod's eth0."""
+    config = load_stack_file(FIXTURES / "valid" / "existing-pools.yaml")
+    assert isinstance(config, PlatformConfig)
+    ib, tcp = config.gpu_pools
+    assert ib.existing is not None
+    assert ib.existing.rdma is not None
+    assert ib.existing.rdma.secondary_network == "ipoib-net"
+    assert ib.existing.socket_ifname == "net1"
+    assert tcp.existing is not None
+    assert tcp.existing.socket_ifname == "eth0"
+    assert tcp.existing.rdma is None

@@ -434,3 +434,54 @@ def test_real_job_specs_added_removed_and_changed(tmp_path: Path) -> None:
     assert changed.summary == {"GPUs": "2 → 4"}
     assert "| vision/embeddings-ps | removed |" in markdown
     assert "| vision/demo-train-2 | added |" in markdown
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "replaced"),
+    [
+        # Volcano refuses an update of the image (admit_job.go validateJobUpdate): replace.
+        ("demo-train:2025Q1", "demo-train:2025Q2", True),
+        # Two nodes to one drops the worker task, which Volcano refuses too.
+        ("replicas: 2", "replicas: 1", True),
+        # Replicas of the same tasks and minAvailable change in place.
+        ("replicas: 2", "replicas: 4", False),
+    ],
+    ids=["image", "task-removed", "replicas"],
+)
+def test_job_replacement_follows_what_volcano_refuses(
+    tmp_path: Path, old: str, new: str, replaced: bool
+) -> None:
+    """Issue 15 #4: the plan records the Job's replacementTrigger, and the diff reports a
+    replacement exactly when the update would be refused."""
+
+    def project(name: str, text: tuple[str, str] | None) -> dict[str, Any]:
+        folder = tmp_path / name
+        folder.mkdir()
+        make_project(folder, {"prod": PROD, "vision": VISION})
+        shutil.copytree(ROOT / "job_specs", folder / "job_specs")
+        if text is not None:
+            demo = folder / "job_specs" / "vision" / "demo-train.yaml"
+            demo.write_text(replace_once(demo.read_text(), *text))
+        return as_doc(Previewer(Project.find(folder)).preview("vision"))
+
+    base, head = project("base", None), project("head", (old, new))
+    job = next(
+        r
+        for r in head["resources"]
+        if r["type"] == VOLCANO_JOB and r["inputs"]["metadata"]["name"] == "demo-train"
+    )
+    assert job["options"]["deleteBeforeReplace"] is True  # the name is fixed
+    assert "replacementTrigger" in job["options"]
+    diff = diff_plans(base, head)
+    changes = {(r.type, r.name): r for r in diff.resources}
+    change = changes.get((VOLCANO_JOB, job["name"]))
+    if replaced:
+        assert change is not None, diff.resources
+        assert change.action == "replace", change
+        assert "Volcano refuses to update in place" in " ".join(change.reasons)
+        assert change.stateful.startswith("training job")
+        assert diff.counts["replace"] == 1
+    else:
+        assert change is None, change
+        assert diff.counts["replace"] == 0
+        assert diff.counts["update"] >= 1

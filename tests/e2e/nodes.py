@@ -7,6 +7,7 @@ nodes it would really land on. kwok (tests/e2e/kwok-stages.yaml) then keeps them
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -15,6 +16,7 @@ from trainstack.builders import labels
 from trainstack.builders.fabric import GPU_RESOURCE, HUGEPAGES_RESOURCE
 from trainstack.builders.pools import (
     GPU_TAINT,
+    cache_volume_names,
     fabric_profile,
     gpus_per_node,
     instance_of,
@@ -158,10 +160,15 @@ def cache_volumes(cfg: PlatformConfig, nodes: list[dict[str, Any]]) -> list[dict
     """What the local static provisioner publishes for the NVMe cache class: its StorageClass
     and one local PV per mount point it discovers under hostDir on each node.
 
-    The chart (sig-storage-local-static-provisioner, templates/storageclass.yaml) makes a
-    `kubernetes.io/no-provisioner` class with WaitForFirstConsumer binding; the provisioner
-    makes one PV per mount under the discovery dir, pinned to its node by node affinity. With
-    nodeadm's RAID0 there is one mount, `/mnt/k8s-disks/0`, so one PV per node.
+    The chart (sig-storage-local-static-provisioner 2.8.0, templates/storageclass.yaml) makes
+    a `kubernetes.io/no-provisioner` class with WaitForFirstConsumer binding; the provisioner
+    makes one PV per mount point under the discovery dir, pinned to its node by node affinity
+    and named from the entry, node and class (pkg/discovery/discovery.go generatePVName).
+    The node's user data bind-mounts `volumesPerNode` cache directories of the RAID0 array
+    there (`<hostDir>/vol-N`, builders/pools.cache_setup_script), so that many PVs per node;
+    existing clusters are simulated with the same layout. Each reports the whole array's
+    size, which they share (statfs of a bind mount: pkg/util/volume_util_linux.go
+    GetFsCapacityByte).
     """
     cache = cfg.storage.nvme_cache
     if cache is None:
@@ -178,7 +185,7 @@ def cache_volumes(cfg: PlatformConfig, nodes: list[dict[str, Any]]) -> list[dict
         }
     ]
     sizes = {p.name: instance_of(p).nvme_gb for p in cfg.gpu_pools if p.aws is not None}
-    for node in nodes:
+    for node, volume in itertools.product(nodes, cache_volume_names(cache)):
         name = node["metadata"]["name"]
         pool = node["metadata"]["labels"].get(labels.POOL, "")
         size_gb = sizes.get(pool, 3500)
@@ -187,7 +194,7 @@ def cache_volumes(cfg: PlatformConfig, nodes: list[dict[str, Any]]) -> list[dict
                 "apiVersion": "v1",
                 "kind": "PersistentVolume",
                 "metadata": {
-                    "name": f"local-pv-{name}",
+                    "name": f"local-pv-{name}-{volume}",
                     "labels": {"e2e.trainstack.io/simulated": "true"},
                 },
                 "spec": {
@@ -196,7 +203,7 @@ def cache_volumes(cfg: PlatformConfig, nodes: list[dict[str, Any]]) -> list[dict
                     "persistentVolumeReclaimPolicy": "Delete",
                     "storageClassName": values["name"],
                     "volumeMode": values["volumeMode"],
-                    "local": {"path": f"{values['hostDir']}/0", "fsType": values["fsType"]},
+                    "local": {"path": f"{values['hostDir']}/{volume}", "fsType": values["fsType"]},
                     "nodeAffinity": {
                         "required": {
                             "nodeSelectorTerms": [

@@ -18,7 +18,7 @@ import pytest
 from tests.e2e.conftest import Deployed
 from tests.e2e.kube import ApiError, wait_for
 from tests.policy.test_equivalence import CASES, CONFIG, RULES, Mutation, demo_job, trainer
-from trainstack.builders.scheduling import QUEUE_POLICY
+from trainstack.builders.admission import QUEUE_POLICY
 from trainstack.policy.admission import POLICY_PREFIX, admission_policies
 from trainstack.preview.engine import Previewer
 
@@ -47,7 +47,7 @@ def _policies_for(rule: str, job: dict[str, Any]) -> set[str]:
     policy it evaluated, in no fixed order, so any policy whose rule also rejects the object
     may be named (a hostPath checkpoint volume breaks `checkpoint-volume` and
     `no-privileged`). The Volcano component's queue-ownership policy
-    (builders/scheduling.queue_ownership_policy) checks the queue like `own-queue`."""
+    (builders/admission.queue_ownership_policy) checks the queue like `own-queue`."""
     rejecting = {name for name, r in RULES.items() if r.check(job, CONFIG)}
     assert rule in rejecting, f"the table says {rule} rejects, yet its Python rule admits"
     names = {f"{POLICY_PREFIX}{name}" for name in rejecting}

@@ -15,16 +15,11 @@ import pytest
 from tests.conftest import EXAMPLE_STACKS
 from tests.e2e import deploy
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.defects import DefectSeen, known
 from tests.e2e.kube import Kube
 from trainstack.config.model import TeamStackConfig
 from trainstack.preview.engine import Previewer
 
 PLATFORMS = [s for s in EXAMPLE_STACKS if s != "vision"]
-QUEUE_ORDER = (
-    "issue 15, defect 5: every Queue depends only on the Volcano release, so a child queue can "
-    "reach Volcano's webhook before its parent ('failed to get parent queue')"
-)
 
 
 def _deploy_platform_for(previewer: Previewer, stack: str) -> str | None:
@@ -52,22 +47,14 @@ def test_every_object_is_accepted_and_kept_whole(
     control_plane.check()
 
 
-@pytest.mark.parametrize(
-    "stack",
-    [
-        pytest.param(s, marks=pytest.mark.xfail(strict=True, raises=DefectSeen, reason=QUEUE_ORDER))
-        if s in ("dev", "prod")
-        else s
-        for s in PLATFORMS
-    ],
-)
+@pytest.mark.parametrize("stack", PLATFORMS)
 def test_declared_dependencies_suffice(stack: str, kube: Kube, previewer: Previewer) -> None:
     """Dry run, then for real, wave by wave; nothing refused for arriving before what it needs."""
     deploy.reset(kube)
     outcome = deploy.apply_in_order(kube, previewer.preview(stack))
-    others = {k: v for k, v in outcome.errors.items() if not k.startswith("Queue ")}
-    assert not others, "\n".join(f"{k}: {v}" for k, v in others.items())
-    known(not outcome.errors, "queues refused:", outcome.errors)
+    # Issue 15 #5: queues used to depend on the release alone, and a child could reach
+    # Volcano's webhook before its parent ("failed to get parent queue").
+    assert not outcome.errors, "\n".join(f"{k}: {v}" for k, v in outcome.errors.items())
 
 
 def test_unserved_groups_are_only_those_named(previewer: Previewer) -> None:

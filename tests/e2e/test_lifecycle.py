@@ -18,19 +18,9 @@ from trainstack_runtime.contract import ExitCode
 
 from tests.e2e import jobs
 from tests.e2e.conftest import Deployed
-from tests.e2e.defects import DefectSeen, known
 from tests.e2e.kube import ApiError, wait_for
-from trainstack.jobs.render import EXIT_ACTIONS
+from trainstack.jobs.lifecycle import EXIT_ACTIONS, replacement_key
 
-IN_PLACE_UPDATE = (
-    "issue 15, defect 4: Volcano's webhook refuses updates of a Job's spec other than "
-    "minAvailable, task replicas and priorityClassName (validateJobUpdate), and TrainingJob "
-    "patches in place"
-)
-MAX_RETRY = (
-    "issue 15, defect 7: Volcano fails the job once retryCount >= maxRetry "
-    "(state/restarting.go), so maxRetries: N gives N-1 retries"
-)
 # The phases each action leads to (Volcano pkg/controllers/job/state/*.go). Aborting and
 # Terminating become Aborted and Terminated on the job's next sync once no pod is alive
 # (state/aborting.go, terminating.go); when the exiting pod was the last event there may be
@@ -56,23 +46,65 @@ def _small(platform: Deployed, name: str, max_retries: int = 3) -> dict[str, Any
     )
 
 
-@pytest.mark.xfail(strict=True, raises=DefectSeen, reason=IN_PLACE_UPDATE)
+def _with_image(job: dict[str, Any], image: str) -> dict[str, Any]:
+    changed = copy.deepcopy(job)
+    for task in changed["spec"]["tasks"]:
+        task["template"]["spec"]["containers"][0]["image"] = image
+    return changed
+
+
+def _pulumi_up(platform: Deployed, old: dict[str, Any], new: dict[str, Any]) -> str:
+    """What `pulumi up` does with TrainingJob's options: a changed replacementTrigger deletes
+    the Job (deleteBeforeReplace, its name is fixed) and creates the new one; otherwise the
+    provider updates it in place (server-side apply)."""
+    if replacement_key(old["spec"]) != replacement_key(new["spec"]):
+        jobs.delete(platform, old)
+        platform.kube.apply(new)
+        return "replace"
+    platform.kube.apply(new)
+    return "update"
+
+
 def test_changing_a_deployed_jobs_image_goes_through(clean: Deployed) -> None:
-    """What `pulumi up` does after a spec change: server-side apply of the new object."""
+    """Issue 15 #4: the image change is a replacement, and the new Job runs the new image."""
     job = _small(clean, "update-image")
     clean.kube.apply(job)
     jobs.wait_running(clean, job)
-    changed = copy.deepcopy(job)
-    for task in changed["spec"]["tasks"]:
-        task["template"]["spec"]["containers"][0]["image"] = "registry.example.com/vision/e2e:2.0"
-    try:
-        clean.kube.apply(changed)
-    except ApiError as error:
-        known("job updates may not change fields" not in error.message, error.message)
-        raise
+    first = jobs.live(clean, job)["metadata"]["uid"]
+    changed = _with_image(job, "registry.example.com/vision/e2e:2.0")
+    assert _pulumi_up(clean, job, changed) == "replace"
+    pods = jobs.wait_running(clean, changed)
     live = jobs.live(clean, changed)
+    assert live["metadata"]["uid"] != first
     images = {t["template"]["spec"]["containers"][0]["image"] for t in live["spec"]["tasks"]}
     assert images == {"registry.example.com/vision/e2e:2.0"}
+    assert {p["spec"]["containers"][0]["image"] for p in pods} == images
+
+
+def test_volcano_refuses_the_image_change_in_place(clean: Deployed) -> None:
+    """Why the Job is replaced: the assumption jobs/lifecycle.fixed_part rests on."""
+    job = _small(clean, "update-refused")
+    clean.kube.apply(job)
+    with pytest.raises(ApiError, match="job updates may not change fields"):
+        clean.kube.apply(_with_image(job, "registry.example.com/vision/e2e:2.0"))
+
+
+def test_what_volcano_updates_in_place_is_not_replaced(clean: Deployed) -> None:
+    """Priority, minAvailable and replicas change in place: the key stays, Volcano accepts."""
+    job = _small(clean, "update-in-place")
+    clean.kube.apply(job)
+    changed = copy.deepcopy(job)
+    changed["spec"]["priorityClassName"] = "trainstack-high"
+    task = changed["spec"]["tasks"][0]
+    task["replicas"] += 1
+    task["minAvailable"] += 1
+    changed["spec"]["minAvailable"] += 1
+    uid = jobs.live(clean, job)["metadata"]["uid"]
+    assert _pulumi_up(clean, job, changed) == "update"
+    live = jobs.live(clean, changed)
+    assert live["metadata"]["uid"] == uid
+    assert live["spec"]["priorityClassName"] == "trainstack-high"
+    assert live["spec"]["minAvailable"] == changed["spec"]["minAvailable"]
 
 
 def _classes() -> list[Any]:
@@ -117,10 +149,10 @@ def test_exit_code_triggers_the_documented_action(
         assert not jobs.running_pods(clean, job)
 
 
-@pytest.mark.xfail(strict=True, raises=DefectSeen, reason=MAX_RETRY)
 @pytest.mark.parametrize("retries", [1, 2])
 def test_max_retries_n_gives_n_retries(clean: Deployed, retries: int) -> None:
-    """A job failing every run with a retryable code runs 1 + N times, then fails."""
+    """A job failing every run with a retryable code runs 1 + N times, then fails (issue 15
+    #7: before jobs/render.volcano_max_retry it ran N times)."""
     job = _small(clean, f"retries-{retries}", max_retries=retries)
     jobs.exiting(job, int(ExitCode.COMM_ERROR), after="2s")
     jobs.submit(clean, job)
@@ -132,5 +164,4 @@ def test_max_retries_n_gives_n_retries(clean: Deployed, retries: int) -> None:
             break
         time.sleep(0.2)
     assert jobs.phase(clean, job) == "Failed"
-    known(len(runs) != retries, f"{len(runs)} runs for maxRetries: {retries}")
     assert len(runs) == 1 + retries, f"{len(runs)} runs for maxRetries: {retries}"

@@ -25,16 +25,6 @@ RECLAIM = (
     "issue 16, defect 1: guarantees emitted in every dimension make a lending team's borrowed "
     "GPUs unreclaimable (capacity plugin victim check)"
 )
-QUOTA_DEADLOCK = (
-    "issue 15, defect 6: the namespace ResourceQuota equals the queue's capability; jobs "
-    "enqueued together each create pods, and the pods of the one that cannot run hold the "
-    "quota (a partial gang; when creations interleave, both are partial and neither runs)"
-)
-QUOTA_PREEMPT = (
-    "issue 15, defect 6: the namespace ResourceQuota equals the queue's capability, so a team "
-    "at its capability cannot even create the pods of a higher-priority job, and Volcano's "
-    "in-queue preemption never starts (it does without the quota)"
-)
 
 
 @pytest.fixture
@@ -171,8 +161,9 @@ def test_reclaim_returns_borrowed_gpus_when_the_lender_submits(clean: Deployed) 
     known(reclaimed, f"nlp runs {_gpus_running(clean, 'nlp')} of its {guarantee} guaranteed GPUs")
 
 
-@pytest.mark.xfail(strict=True, raises=DefectSeen, reason=QUOTA_PREEMPT)
 def test_higher_priority_preempts_lower_inside_a_queue(clean: Deployed) -> None:
+    """Issue 15 #6: with a namespace ResourceQuota at the queue's capability the API refused
+    the urgent job's pods, so Volcano never saw a preemptor."""
     capability = _capability(clean, "vision")
     low = _fill(clean, "vision", capability, "h100-block", "low")
     wait_for(
@@ -185,19 +176,20 @@ def test_higher_priority_preempts_lower_inside_a_queue(clean: Deployed) -> None:
     )
     jobs.submit(clean, urgent)
     if not becomes(lambda: len(jobs.running_pods(clean, urgent)) == 1, 60):
-        known(not _quota_refused_pods(clean, urgent), "the ResourceQuota refused urgent's pods")
+        assert not _quota_refused_pods(clean, urgent), "the ResourceQuota refused urgent's pods"
         jobs.wait_running(clean, urgent, timeout=1)
     running_low = sum(1 for job in low if jobs.running_pods(clean, job))
     assert running_low == len(low) - 1, "exactly one normal job should have made room"
 
 
-@pytest.mark.xfail(strict=True, raises=DefectSeen, reason=QUOTA_DEADLOCK)
 def test_two_jobs_over_quota_never_both_hold_partial_gangs(clean: Deployed) -> None:
     """Submitted together, two jobs that each take three quarters of the team's quota: one
-    runs whole, the other holds no pod, and a third job that fits what is left runs too.
+    runs whole, the other holds no node (its pods, if created, stay unbound), and a third job
+    that fits what is left runs too.
 
-    Submitted one after the other, Volcano keeps the second PodGroup Pending and creates no
-    pod for it; submitted together, both are enqueued in one cycle and both create pods."""
+    Issue 15 #6: with a namespace ResourceQuota at the queue's capability, the waiting job's
+    pending pods held the quota, so a job that fit was refused (and when pod creations
+    interleaved, both jobs held part of a gang for ever)."""
     capability = _capability(clean, "vision")
     replicas = capability // 8 * 3 // 4
     pair = [
@@ -207,14 +199,12 @@ def test_two_jobs_over_quota_never_both_hold_partial_gangs(clean: Deployed) -> N
     for job in pair:
         jobs.submit(clean, job)
     whole = becomes(lambda: any(len(jobs.running_pods(clean, j)) == replicas for j in pair), 60)
-    held = [len(jobs.pods(clean, j)) for j in pair]
-    if not whole:
-        known(not all(0 < n < replicas for n in held), f"deadlock: both hold part: {held}")
-    assert whole, held
+    held = [len(jobs.bound_pods(clean, j)) for j in pair]
+    assert whole, f"neither job runs whole; bound pods: {held}"
     waiting = next(j for j in pair if len(jobs.running_pods(clean, j)) < replicas)
     time.sleep(3)  # a few more cycles for anything to go wrong
-    kept = len(jobs.pods(clean, waiting))
-    known(kept == 0, f"the waiting job holds {kept} of its {replicas} pods against the quota")
+    assert not jobs.bound_pods(clean, waiting), "the waiting job holds part of a gang"
+    assert not any(_quota_refused_pods(clean, j) for j in pair)
     left = capability // 8 - replicas
     small = jobs.rendered(
         clean, jobs.spec("vision", "small", pool="h100-reserved", replicas=left, gpus=8)

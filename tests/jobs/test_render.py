@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import ROOT
 from trainstack.cli import app
+from trainstack.jobs.lifecycle import volcano_max_retry
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.render import render
 from trainstack.jobs.spec import Data, JobSpec, Topology, load_job
@@ -53,7 +54,37 @@ def test_gang_queue_priority_and_plugins(view: PlatformView) -> None:
     assert [(t["name"], t["replicas"]) for t in spec["tasks"]] == [("master", 1), ("worker", 1)]
     assert spec["plugins"]["pytorch"] == ["--master=master", "--worker=worker", "--port=23456"]
     assert spec["plugins"]["svc"] == ["--disable-network-policy=true"]
-    assert spec["maxRetry"] == 3
+    assert spec["maxRetry"] == 4  # the spec's 3 retries (see below)
+
+
+def test_every_field_volcanos_webhook_defaults_is_rendered(view: PlatformView) -> None:
+    """Volcano's mutating webhook fills these at creation (v1.15.1 mutate_job.go:
+    patchDefaultQueue, patchDefaultScheduler, patchDefaultMaxRetry, patchDefaultMinAvailable,
+    mutateSpec). Server-side apply gives the defaults to the applier, so an apply that omits
+    them removes them and Volcano refuses even a replicas-only update (shown on the real
+    control plane by tests/e2e/test_lifecycle.py::test_what_volcano_updates_in_place_...)."""
+    manifest = job(load_job(DEMO), view)
+    spec = manifest["spec"]
+    assert {"queue", "schedulerName", "maxRetry", "minAvailable"} <= set(spec)
+    for task in spec["tasks"]:
+        assert {"name", "minAvailable", "maxRetry"} <= set(task), task["name"]
+        assert not task["template"]["spec"].get("hostNetwork")  # else dnsPolicy is defaulted
+    assert {"svc"} <= set(spec["plugins"])  # patchDefaultPlugins adds svc for pytorch
+
+
+@pytest.mark.parametrize("retries", [1, 2, 3, 100])
+def test_max_retries_means_retries_after_the_first_run(retries: int) -> None:
+    """Issue 15 #7. Volcano v1.15.1 counts each RestartJob (state/running.go RetryCount++)
+    and fails the job in the restarting state once RetryCount >= maxRetry
+    (state/restarting.go); the e2e scenario test_max_retries_n_gives_n_retries shows it."""
+    max_retry = volcano_max_retry(retries)
+    runs, retry_count = 1, 0
+    while True:  # every run fails with a retryable code
+        retry_count += 1  # running -> Restarting
+        if retry_count >= max_retry:  # restarting -> Failed
+            break
+        runs += 1  # restarting -> Pending -> Running
+    assert runs == 1 + retries
 
 
 def test_devices_and_env_come_from_the_pools_fabric(view: PlatformView) -> None:
@@ -88,12 +119,14 @@ def test_shm_volumes_and_mounts(view: PlatformView) -> None:
     pod = manifest["spec"]["tasks"][0]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}
-    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "checkpoints"}
-    assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "datasets", "readOnly": True}
+    # Datasets and checkpoints are sub-paths of the team's one claim on Lustre, listed once:
+    # the kubelet keys CSI volumes by driver and handle (issue 15, tests/jobs/test_claims.py).
+    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "lustre"}
+    assert "data" not in volumes
     mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
     assert mounts["/checkpoints"]["subPath"] == "checkpoints/vision/demo-train"
     assert mounts["/mnt/data"] == {
-        "name": "data",
+        "name": "checkpoints",
         "mountPath": "/mnt/data",
         "subPath": "datasets/imagenet/v20250401",
         "readOnly": True,

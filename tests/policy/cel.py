@@ -30,16 +30,39 @@ def _compare(a: Quantity, b: Quantity) -> celtypes.IntType:
     return celtypes.IntType((float(a) > float(b)) - (float(a) < float(b)))
 
 
-FUNCTIONS = {"quantity": _quantity, "asApproximateFloat": _as_float, "compareTo": _compare}
+def _split(value: celtypes.StringType, separator: celtypes.StringType) -> celtypes.ListType:
+    """Kubernetes' CEL strings library: `"a,b".split(",")`."""
+    return celtypes.ListType([celtypes.StringType(p) for p in str(value).split(str(separator))])
 
 
-def evaluate(policy: dict[str, Any], obj: dict[str, Any], namespace: dict[str, Any]) -> bool:
-    """True when every validation of `policy` admits `obj` (created in `namespace`)."""
+FUNCTIONS = {
+    "quantity": _quantity,
+    "asApproximateFloat": _as_float,
+    "compareTo": _compare,
+    "split": _split,
+}
+
+
+def evaluate(
+    policy: dict[str, Any],
+    obj: dict[str, Any],
+    namespace: dict[str, Any],
+    *,
+    old: dict[str, Any] | None = None,
+) -> bool:
+    """True when every validation of `policy` admits `obj` in `namespace`: created, or
+    replacing `old` (an UPDATE). A policy whose matchConditions do not all hold admits."""
     env = celpy.Environment()
     activation: dict[str, Any] = {
         "object": celpy.json_to_cel(obj),
+        "oldObject": celpy.json_to_cel(old),
         "namespaceObject": celpy.json_to_cel(namespace),
+        "request": celpy.json_to_cel({"operation": "CREATE" if old is None else "UPDATE"}),
     }
+    for condition in policy["spec"].get("matchConditions", []):
+        program = env.program(env.compile(condition["expression"]), functions=FUNCTIONS)
+        if not bool(program.evaluate(activation)):
+            return True
     variables: dict[str, Any] = {}
     for variable in policy["spec"].get("variables", []):
         program = env.program(env.compile(variable["expression"]), functions=FUNCTIONS)

@@ -54,6 +54,26 @@ def swap_volume(name: str, volume: dict[str, Any]) -> Mutation:
     return mutate
 
 
+def add_capabilities(*names: str) -> Mutation:
+    return lambda j: trainer(j).__setitem__("securityContext", {"capabilities": {"add": [*names]}})
+
+
+def container_context(context: dict[str, Any]) -> Mutation:
+    return lambda j: trainer(j).__setitem__("securityContext", context)
+
+
+def pod_context(context: dict[str, Any]) -> Mutation:
+    return lambda j: pod(j).__setitem__("securityContext", context)
+
+
+def template_annotation(key: str, value: str) -> Mutation:
+    def mutate(j: dict[str, Any]) -> None:
+        metadata = j["spec"]["tasks"][0]["template"].setdefault("metadata", {})
+        metadata.setdefault("annotations", {})[key] = value
+
+    return mutate
+
+
 def annotate(value: str | None) -> Mutation:
     def mutate(j: dict[str, Any]) -> None:
         ann = j["metadata"]["annotations"]
@@ -159,6 +179,31 @@ CASES: list[tuple[str, str, Mutation | None, bool]] = [
     ),
     ("own-queue", "valid", None, True),
     ("own-queue", "another team's queue", lambda j: j["spec"].__setitem__("queue", "nlp"), False),
+    ("volcano-scheduled", "valid", None, True),
+    (
+        "volcano-scheduled",
+        "another scheduler for the job",
+        lambda j: j["spec"].__setitem__("schedulerName", "default-scheduler"),
+        False,
+    ),
+    (
+        "volcano-scheduled",
+        "another scheduler for a task",
+        lambda j: pod(j).__setitem__("schedulerName", "default-scheduler"),
+        False,
+    ),
+    (
+        "volcano-scheduled",
+        "a task's own priority class",
+        lambda j: pod(j).__setitem__("priorityClassName", "trainstack-critical"),
+        False,
+    ),
+    (
+        "volcano-scheduled",
+        "volcano named on a task",
+        lambda j: pod(j).__setitem__("schedulerName", "volcano"),
+        True,
+    ),
     ("shm-sized", "valid", None, True),
     ("shm-sized", "unsized", swap_volume("dshm", {"emptyDir": {"medium": "Memory"}}), False),
     ("shm-sized", "disk-backed", swap_volume("dshm", {"emptyDir": {"sizeLimit": "8Gi"}}), False),
@@ -181,6 +226,98 @@ CASES: list[tuple[str, str, Mutation | None, bool]] = [
         "allow-listed device path",
         lambda j: pod(j)["volumes"].append({"name": "h", "hostPath": {"path": "/dev/infiniband"}}),
         True,
+    ),
+    # Pod Security baseline, which RDMA teams' namespaces do not enforce (issue 15: IPC_LOCK);
+    # k8s.io/pod-security-admission v0.37.2 policy/check_*.go, level baseline.
+    ("no-privileged", "IPC_LOCK for RDMA", add_capabilities("IPC_LOCK"), True),
+    ("no-privileged", "a baseline capability", add_capabilities("NET_BIND_SERVICE"), True),
+    ("no-privileged", "SYS_ADMIN", add_capabilities("IPC_LOCK", "SYS_ADMIN"), False),
+    ("no-privileged", "NET_RAW", add_capabilities("NET_RAW"), False),
+    (
+        "no-privileged",
+        "hostPort",
+        lambda j: trainer(j)["ports"].append({"containerPort": 22, "hostPort": 2222}),
+        False,
+    ),
+    (
+        "no-privileged",
+        "seccomp RuntimeDefault",
+        pod_context({"seccompProfile": {"type": "RuntimeDefault"}}),
+        True,
+    ),
+    (
+        "no-privileged",
+        "seccomp Unconfined",
+        pod_context({"seccompProfile": {"type": "Unconfined"}}),
+        False,
+    ),
+    (
+        "no-privileged",
+        "AppArmor Unconfined on a container",
+        container_context({"appArmorProfile": {"type": "Unconfined"}}),
+        False,
+    ),
+    (
+        "no-privileged",
+        "AppArmor unconfined by annotation",
+        template_annotation("container.apparmor.security.beta.kubernetes.io/trainer", "unconfined"),
+        False,
+    ),
+    (
+        "no-privileged",
+        "AppArmor localhost profile by annotation",
+        template_annotation(
+            "container.apparmor.security.beta.kubernetes.io/trainer", "localhost/train"
+        ),
+        True,
+    ),
+    (
+        "no-privileged",
+        "SELinux type spc_t",
+        container_context({"seLinuxOptions": {"type": "spc_t"}}),
+        False,
+    ),
+    (
+        "no-privileged",
+        "SELinux level only",
+        pod_context({"seLinuxOptions": {"level": "s0:c1,c2"}}),
+        True,
+    ),
+    (
+        "no-privileged",
+        "SELinux user",
+        pod_context({"seLinuxOptions": {"user": "system_u"}}),
+        False,
+    ),
+    (
+        "no-privileged",
+        "procMount Unmasked",
+        container_context({"procMount": "Unmasked"}),
+        False,
+    ),
+    (
+        "no-privileged",
+        "safe sysctl",
+        pod_context({"sysctls": [{"name": "net.ipv4.tcp_keepalive_time", "value": "60"}]}),
+        True,
+    ),
+    (
+        "no-privileged",
+        "unsafe sysctl",
+        pod_context({"sysctls": [{"name": "kernel.msgmax", "value": "65536"}]}),
+        False,
+    ),
+    (
+        "no-privileged",
+        "Windows host process",
+        pod_context({"windowsOptions": {"hostProcess": True}}),
+        False,
+    ),
+    (
+        "no-privileged",
+        "probe to another host",
+        lambda j: trainer(j)["livenessProbe"]["httpGet"].__setitem__("host", "169.254.169.254"),
+        False,
     ),
 ]
 

@@ -56,6 +56,8 @@ TEMPLATE = {
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 FSX = "aws:fsx/lustreFileSystem:LustreFileSystem"
 EKS = "aws:eks/cluster:Cluster"
+ADDON = "aws:eks/addon:Addon"
+NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 OPTIONAL_IMDS = {**TEMPLATE, "metadataOptions": {"httpTokens": "optional"}}
 PLAIN_EBS = {**TEMPLATE, "blockDeviceMappings": [{"deviceName": "/dev/xvda", "ebs": {}}]}
 PROD = {"production": True}
@@ -66,6 +68,13 @@ def endpoint(public: bool, cidrs: list[str] | None = None) -> dict[str, Any]:
     if cidrs is not None:
         vpc["publicAccessCidrs"] = cidrs
     return {"vpcConfig": vpc}
+
+
+def cni(values: str | None) -> dict[str, Any]:
+    addon: dict[str, Any] = {"addonName": "vpc-cni"}
+    if values is not None:
+        addon["configurationValues"] = values
+    return addon
 
 
 AWS_CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
@@ -81,6 +90,13 @@ AWS_CASES: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = [
     ("eks-endpoint-not-open", EKS, endpoint(True, ["203.0.113.0/24"]), PROD, True),
     ("eks-endpoint-not-open", EKS, endpoint(True, ["0.0.0.0/0"]), {"production": False}, True),
     ("eks-endpoint-not-open", EKS, endpoint(False), PROD, True),
+    ("vpc-cni-network-policy", ADDON, cni('{"enableNetworkPolicy": "true"}'), {}, True),
+    ("vpc-cni-network-policy", ADDON, cni('{"enableNetworkPolicy": "false"}'), {}, False),
+    ("vpc-cni-network-policy", ADDON, cni(None), {}, False),
+    ("vpc-cni-network-policy", ADDON, cni("{}"), {}, False),
+    # the add-on's configuration schema types the value as a string
+    ("vpc-cni-network-policy", ADDON, cni('{"enableNetworkPolicy": true}'), {}, False),
+    ("vpc-cni-network-policy", ADDON, {"addonName": "coredns"}, {}, True),
 ]
 
 
@@ -124,6 +140,146 @@ def test_s3_stack_rules() -> None:
     assert rules_hit(bucket_stack(True, {**ALL_ON, "restrictPublicBuckets": False}), {}) == {
         "s3-public-access-blocked"
     }
+
+
+PV = "kubernetes:core/v1:PersistentVolume"
+
+
+def csi_pv(name: str, driver: str, handle: str) -> tuple[str, str, dict[str, Any]]:
+    spec = {"csi": {"driver": driver, "volumeHandle": handle}, "claimRef": {"name": "c"}}
+    return (PV, f"pv-{name}", {"metadata": {"name": name}, "spec": spec})
+
+
+def local_pv(name: str, path: str) -> tuple[str, str, dict[str, Any]]:
+    return (PV, f"pv-{name}", {"metadata": {"name": name}, "spec": {"local": {"path": path}}})
+
+
+FSX_ID = "fs-0123456789abcdef0"
+HPE = "lustre.csi.hpe.com"
+# (case, the plan's PVs, the Pulumi names the rule flags)
+PV_HANDLE_CASES: list[tuple[str, list[tuple[str, str, dict[str, Any]]], set[str]]] = [
+    ("one PV", [csi_pv("a", "fsx.csi.aws.com", FSX_ID)], set()),
+    (
+        "a team's datasets and checkpoints on one file system (issue 15)",
+        [csi_pv("vision-datasets", "fsx.csi.aws.com", FSX_ID),
+         csi_pv("vision-checkpoints", "fsx.csi.aws.com", FSX_ID)],
+        {"pv-vision-datasets", "pv-vision-checkpoints"},
+    ),
+    (
+        "two teams' claims on one file system id",
+        [csi_pv("vision-lustre", HPE, "mgs@tcp:/trainfs"),
+         csi_pv("nlp-lustre", HPE, "mgs@tcp:/trainfs")],
+        {"pv-vision-lustre", "pv-nlp-lustre"},
+    ),
+    (
+        "one handle per team",
+        [csi_pv("vision-lustre", "fsx.csi.aws.com", f"{FSX_ID}::vision"),
+         csi_pv("nlp-lustre", "fsx.csi.aws.com", f"{FSX_ID}::nlp")],
+        set(),
+    ),
+    (
+        "EFS access points of one file system",
+        [csi_pv("a", "efs.csi.aws.com", "fs-1::fsap-a"),
+         csi_pv("b", "efs.csi.aws.com", "fs-1::fsap-b")],
+        set(),
+    ),
+    (
+        "same handle, different drivers",
+        [csi_pv("a", "fsx.csi.aws.com", FSX_ID), csi_pv("b", HPE, FSX_ID)],
+        set(),
+    ),
+    (
+        "handles are compared exactly",
+        [csi_pv("a", HPE, "trainfs"), csi_pv("b", HPE, "TRAINFS")],
+        set(),
+    ),
+    (
+        "three PVs, two alike",
+        [csi_pv("a", HPE, "x"), csi_pv("b", HPE, "y"), csi_pv("c", HPE, "x")],
+        {"pv-a", "pv-c"},
+    ),
+    (
+        "local volumes are not CSI volumes",
+        [local_pv("a", "/mnt/trainstack-cache/vol-0"),
+         local_pv("b", "/mnt/trainstack-cache/vol-0")],
+        set(),
+    ),
+    (
+        "only PersistentVolumes are read",
+        [("kubernetes:storage.k8s.io/v1:CSIDriver", "d1", {"spec": {"csi": {"driver": "x"}}}),
+         ("kubernetes:storage.k8s.io/v1:CSIDriver", "d2", {"spec": {"csi": {"driver": "x"}}})],
+        set(),
+    ),
+    (
+        "claims are not volumes",
+        [("kubernetes:core/v1:PersistentVolumeClaim", "c1", {"spec": {"volumeName": "a"}}),
+         ("kubernetes:core/v1:PersistentVolumeClaim", "c2", {"spec": {"volumeName": "a"}})],
+        set(),
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "resources", "flagged"), PV_HANDLE_CASES, ids=[c for c, _, _ in PV_HANDLE_CASES]
+)
+def test_no_two_persistent_volumes_share_a_csi_volume(
+    case: str, resources: list[tuple[str, str, dict[str, Any]]], flagged: set[str]
+) -> None:
+    """Issue 15 #1. The kubelet names a CSI persistent volume `<driver>^<volumeHandle>`
+    (k8s.io/kubernetes@v1.37.2 pkg/volume/csi/csi_plugin.go GetVolumeName) and keys its
+    desired state of the world by that name for every device-mountable volume, which all CSI
+    PVs are (csi_plugin.go CanDeviceMount; kubelet/volumemanager/cache/
+    desired_state_of_world.go AddPodToVolume), so two PVs with one driver and handle are one
+    volume to it and a pod using both never starts (kubernetes/kubernetes#91556)."""
+    del case
+    found = evaluate(resources, {})
+    assert sorted((v.rule, v.resource, v.message) for v in found) == analyze(resources, {})
+    hits = [v for v in found if v.rule == "pv-unique-volume-handle"]
+    assert {v.resource for v in hits} == flagged
+    for v in hits:
+        assert "Fix: " in v.message
+        assert "volumeHandle" in v.message
+
+
+def test_a_shared_csi_volume_is_named_with_its_twins() -> None:
+    resources = [csi_pv("vision-datasets", HPE, "mgs@tcp:/trainfs"),
+                 csi_pv("vision-checkpoints", HPE, "mgs@tcp:/trainfs")]  # fmt: skip
+    (first, second) = sorted(
+        (v for v in evaluate(resources, {}) if v.rule == "pv-unique-volume-handle"),
+        key=lambda v: v.resource,
+    )
+    assert first.resource == "pv-vision-checkpoints"
+    assert "PersistentVolume vision-checkpoints" in first.message
+    assert "vision-datasets" in first.message
+    assert "lustre.csi.hpe.com" in first.message
+    assert "'mgs@tcp:/trainfs'" in first.message
+    assert "vision-checkpoints" in second.message
+
+
+def test_network_policies_without_a_managed_cni_get_an_advisory() -> None:
+    """On an existing cluster nothing in the stack makes the CNI enforce NetworkPolicy."""
+    policies: list[tuple[str, str, dict[str, Any]]] = [
+        (NETPOL, "team-speech-networkpolicy-default-deny", {}),
+        (NETPOL, "team-speech-networkpolicy-allow-training", {}),
+    ]
+    assert rules_hit(policies, {}) == {"cni-enforces-network-policy"}
+    found = evaluate(policies, {})
+    assert [(v.rule, v.level) for v in found] == [("cni-enforces-network-policy", "advisory")]
+    assert found[0].resource == "team-speech-networkpolicy-allow-training"
+    managed = (ADDON, "cni", cni('{"enableNetworkPolicy": "true"}'))
+    assert rules_hit([*policies, managed], {}) == set()
+    assert rules_hit([managed], {}) == set()
+
+
+def test_network_policy_enforcement_in_the_examples(example_plans: dict[str, Plan]) -> None:
+    """AWS examples enable enforcement; the existing-cluster example is told it must."""
+    for stack, plan in example_plans.items():
+        hits = {(v["rule"], v["level"]) for v in plan.violations}
+        assert ("vpc-cni-network-policy", "mandatory") not in hits, stack
+        if stack == "onprem":
+            assert ("cni-enforces-network-policy", "advisory") in hits
+        else:
+            assert not {rule for rule, _ in hits} & {"cni-enforces-network-policy"}, stack
 
 
 def test_every_rule_is_in_the_pack() -> None:

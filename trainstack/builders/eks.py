@@ -1,7 +1,9 @@
-"""AWS inputs for the EKS cluster: IAM documents, managed policies, kubeconfig."""
+"""AWS inputs for the EKS cluster: IAM documents, managed policies, add-on configuration,
+kubeconfig."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 AWS_MANAGED = "arn:aws:iam::aws:policy"
@@ -26,10 +28,26 @@ ADDON_POLICIES = {
     "aws-fsx-csi-driver": f"{AWS_MANAGED}/AmazonFSxFullAccess",
     "aws-efs-csi-driver": f"{AWS_MANAGED}/service-role/AmazonEFSCSIDriverPolicy",
 }
+# EKS add-on configuration values (the add-on's configuration schema; `aws eks
+# describe-addon-configuration`). vpc-cni: `enableNetworkPolicy` runs the network policy agent
+# in aws-node and the controller that resolves NetworkPolicies; without it the team
+# NetworkPolicies (builders/teams.py) are accepted and never enforced. The value is a string,
+# as in the aws-vpc-cni chart values the schema mirrors (aws/amazon-vpc-cni-k8s
+# charts/aws-vpc-cni/values.yaml `enableNetworkPolicy: "false"`; EKS user guide, "Restrict Pod
+# network traffic with Kubernetes network policies").
+ADDON_CONFIGURATION: dict[str, dict[str, Any]] = {
+    "vpc-cni": {"enableNetworkPolicy": "true"},
+}
 # coredns needs nodes to schedule on; the rest are node-level and install first.
 ADDONS_AFTER_NODES = frozenset(
     {"coredns", "aws-ebs-csi-driver", "aws-fsx-csi-driver", "aws-efs-csi-driver"}
 )
+
+
+def addon_configuration_values(addon: str) -> str | None:
+    """The add-on's `configurationValues` JSON, or None to keep EKS's defaults."""
+    values = ADDON_CONFIGURATION.get(addon)
+    return json.dumps(values, sort_keys=True) if values else None
 
 
 def service_assume_role_policy(service: str) -> dict[str, Any]:

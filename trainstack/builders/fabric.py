@@ -35,6 +35,18 @@ OBSOLETE_EFA_ENV = frozenset(
 )
 # Both sides of a torch job benefit from these whatever the fabric.
 TORCH_NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+# Verbs memory registration pins pages; beyond RLIMIT_MEMLOCK only with CAP_IPC_LOCK. Every
+# pod of the NVIDIA Network Operator's RDMA examples adds it (Mellanox/network-operator
+# v25.7.0 example/rdma-test-pod1.yml, example/rdma-gpu-test-pod1.yml).
+IPC_LOCK = "IPC_LOCK"
+# Multus attaches the pod to the NetworkAttachmentDefinitions this annotation names
+# (k8snetworkplumbingwg multi-net-spec; the Network Operator's examples use it).
+NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+# Inside a pod: the cluster network is eth0 (containerd's CRI asks CNI for it,
+# internal/cri/server/helpers.go defaultIfName), and Multus names the n-th secondary network
+# net<n> unless the annotation names it (multus-cni v4.3.0 pkg/multus/multus.go getIfname).
+POD_INTERFACE = "eth0"
+SECONDARY_INTERFACE = "net1"
 
 
 def efa_network_interfaces(
@@ -78,6 +90,10 @@ class FabricProfile:
     env: dict[str, str] = field(default_factory=dict)
     # Shared devices (the RDMA shared device plugin) are requested once per replica.
     shared_devices: tuple[str, ...] = ()
+    # Linux capabilities the trainer container adds (IPC_LOCK for RDMA).
+    capabilities: tuple[str, ...] = ()
+    # The NetworkAttachmentDefinition ([namespace/]name) pods attach to as net1, if any.
+    secondary_network: str | None = None
 
     def resources_for(self, gpus: int) -> dict[str, str]:
         """Requests (= limits) for a replica using `gpus` of a node's GPUs.
@@ -103,6 +119,10 @@ class FabricProfile:
             resources[HUGEPAGES_RESOURCE] = f"{self.hugepages_mi_per_node // share}Mi"
         return resources
 
+    def pod_annotations(self) -> dict[str, str]:
+        """Annotations of every pod on the pool (the secondary network, through Multus)."""
+        return {NETWORKS_ANNOTATION: self.secondary_network} if self.secondary_network else {}
+
     def to_json(self) -> dict[str, Any]:
         return {
             "fabric": self.fabric,
@@ -110,8 +130,34 @@ class FabricProfile:
             "devicesPerNode": dict(sorted(self.devices_per_node.items())),
             "hugepagesMiPerNode": self.hugepages_mi_per_node,
             "sharedDevices": list(self.shared_devices),
+            "capabilities": list(self.capabilities),
+            "secondaryNetwork": self.secondary_network,
             "env": dict(sorted(self.env.items())),
         }
+
+
+def pod_interfaces(secondary_network: str | None) -> tuple[str, ...]:
+    """The network interfaces a job's pod has: no host NIC, since pods never use the host's
+    network namespace (the `no-privileged` rule refuses hostNetwork)."""
+    return (POD_INTERFACE, SECONDARY_INTERFACE) if secondary_network else (POD_INTERFACE,)
+
+
+def socket_ifname_matches(value: str, interfaces: tuple[str, ...]) -> bool:
+    """Whether NCCL_SOCKET_IFNAME=`value` selects at least one of `interfaces`.
+
+    NCCL's syntax (v2.21.5 src/misc/socket.cc findInterfaces, src/misc/utils.cc matchIf): a
+    leading `^` excludes, then a leading `=` makes the comma-separated entries exact names
+    instead of prefixes. An exclusion list is taken to leave something.
+    """
+    if value.startswith("^"):
+        return True
+    exact = value.startswith("=")
+    entries = [e.split(":")[0] for e in value.removeprefix("=").split(",") if e]
+    return any(
+        (name == entry) if exact else name.startswith(entry)
+        for entry in entries
+        for name in interfaces
+    )
 
 
 def divisors(n: int) -> list[int]:
@@ -144,10 +190,14 @@ def rdma_profile(
     hcas: str,
     socket_ifname: str,
     gid_index: int | None = None,
+    secondary_network: str | None = None,
 ) -> FabricProfile:
     """InfiniBand or RoCE on an existing cluster, through the RDMA shared device plugin.
 
-    Every replica on a node shares the node's HCAs through one `rdma/<name>` device.
+    Every replica on a node shares the node's HCAs through one `rdma/<name>` device, adds
+    IPC_LOCK to register memory, and attaches to the pool's secondary network if it has one.
+    NCCL_SOCKET_IFNAME picks the pod interface for NCCL's TCP bootstrap; RDMA traffic goes
+    through the NCCL_IB_HCA devices whatever it says.
     """
     env = {**TORCH_NCCL_ENV, "NCCL_IB_HCA": hcas, "NCCL_SOCKET_IFNAME": socket_ifname}
     if fabric == "roce":
@@ -158,6 +208,8 @@ def rdma_profile(
         gpus_per_node=gpus_per_node,
         shared_devices=(resource,),
         env=env,
+        capabilities=(IPC_LOCK,),
+        secondary_network=secondary_network,
     )
 
 

@@ -10,9 +10,10 @@ here nor recorded by one of trainstack's own recording rules. Sources:
   (kube-state-metrics docs/metrics/workload/pod-metrics.md, cluster/node-metrics.md); pod and
   node labels only for the keys in `KSM_LABELS_ALLOWLIST`.
 - kube-state-metrics custom-resource state (configured by trainstack, `ksm_custom_resources()`
-  in builders/monitoring.py): Volcano Job annotations and PodGroup phases.
+  in builders/monitoring/values.py): Volcano Job annotations and PodGroup phases.
 - node-exporter: the infiniband collector (on by default) on InfiniBand/RoCE nodes.
-- Volcano scheduler v1.15 (`--enable-metrics`, volcano docs/design/metrics.md).
+- Volcano v1.15 scheduler and controllers (`--enable-metrics`, volcano docs/design/metrics.md;
+  the queue PodGroup counts come from the controllers, pkg/controllers/metrics/queue.go).
 - The training runtime: `trainstack_runtime.contract.METRICS` (docs/runtime.md).
 - Prometheus: `ALERTS`.
 """
@@ -71,14 +72,18 @@ NODE_EXPORTER_METRICS: Final = (
     "node_infiniband_port_data_received_bytes_total",
 )
 
-VOLCANO_METRICS: Final = (
+# Volcano v1.15.1: the scheduler's pkg/scheduler/metrics and the controllers'
+# pkg/controllers/metrics (queue PodGroup counts), each scraped through its chart Service.
+VOLCANO_SCHEDULER_METRICS: Final = (
     "volcano_queue_allocated_scalar_resources",
     "volcano_queue_deserved_scalar_resources",
+    "volcano_e2e_scheduling_latency_milliseconds_bucket",
+    "volcano_e2e_job_scheduling_duration",
+)
+VOLCANO_CONTROLLER_METRICS: Final = (
     "volcano_queue_pod_group_pending_count",
     "volcano_queue_pod_group_inqueue_count",
     "volcano_queue_pod_group_running_count",
-    "volcano_e2e_scheduling_latency_milliseconds_bucket",
-    "volcano_e2e_job_scheduling_duration",
 )
 
 # Prometheus itself: the ALERTS series of firing and pending alerts.
@@ -90,7 +95,8 @@ SOURCES: Final[dict[str, tuple[str, ...]]] = {
     "kube-state-metrics": KSM_METRICS,
     "kube-state-metrics custom resources": KSM_CUSTOM_METRICS,
     "node-exporter": NODE_EXPORTER_METRICS,
-    "volcano-scheduler": VOLCANO_METRICS,
+    "volcano-scheduler": VOLCANO_SCHEDULER_METRICS,
+    "volcano-controllers": VOLCANO_CONTROLLER_METRICS,
     "trainstack runtime": tuple(contract.METRICS),
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
 
 from trainstack.builders import labels
@@ -13,16 +14,37 @@ from trainstack.builders.fabric import (
     tcp_profile,
 )
 from trainstack.catalog import InstanceType, lookup
-from trainstack.config.model import SYSTEM_NAMESPACE, GpuPool, PlatformConfig
+from trainstack.config.model import SYSTEM_NAMESPACE, GpuPool, NvmeCache, PlatformConfig
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-# The NVIDIA device plugin chart's default affinity honours this label.
+# The NVIDIA device plugin chart's default affinity honours this label. Set by the AWS pools'
+# node groups (node_labels) or by the GPU operator; GPU Feature Discovery never sets it.
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+# Node Feature Discovery's label for a node with an NVIDIA (PCI vendor 10de) device: the first
+# term of the device plugin chart's default affinity.
+NFD_NVIDIA_PCI_LABEL = "feature.node.kubernetes.io/pci-10de.present"
+# The device plugin chart's NFD worker tolerations (values.yaml), with the GPU taint accepted
+# whatever its value (the chart's only tolerates nvidia.com/gpu=present).
+NFD_WORKER_TOLERATIONS = (
+    {
+        "key": "node-role.kubernetes.io/master",
+        "operator": "Equal",
+        "value": "",
+        "effect": "NoSchedule",
+    },
+    GPU_TOLERATION,
+)
 GPU_MODEL = f"{labels.PREFIX}/gpu-model"
 PLACEMENT_GROUP = f"{labels.PREFIX}/placement-group"
 CAPACITY = f"{labels.PREFIX}/capacity"
 INSTANCE_STORE_MOUNT = "/mnt/k8s-disks/0"  # where nodeadm mounts the RAID0 array
+# The NVMe cache's own directories on the array, published one by one (see cache_user_data).
+CACHE_ARRAY_DIR = f"{INSTANCE_STORE_MOUNT}/trainstack-cache"
+CACHE_VOLUME_PREFIX = "vol-"
+CACHE_OWNER_ID = 10001  # the training images' user (images/README.md)
+CACHE_SETUP_SCRIPT = "/usr/local/sbin/trainstack-nvme-cache"
+CACHE_SETUP_UNIT = "trainstack-nvme-cache.service"
 
 # Upstream charts, pinned. Versions: ../shared/reference/aws-gpu-platform-facts.md §6.
 CHARTS: dict[str, dict[str, str]] = {
@@ -86,6 +108,7 @@ def fabric_profile(pool: GpuPool) -> FabricProfile:
             hcas=rdma.hcas,
             socket_ifname=pool.existing.socket_ifname,
             gid_index=rdma.gid_index,
+            secondary_network=rdma.secondary_network,
         )
     ifname = pool.existing.socket_ifname if pool.existing is not None else "^lo,docker0"
     return tcp_profile(gpus_per_node(pool), ifname)
@@ -124,11 +147,98 @@ def hugepages_2mi(pool: GpuPool) -> int:
     return fabric_profile(pool).hugepages_mi_per_node // 2
 
 
-def node_user_data(pool: GpuPool) -> str:
-    """AL2023 MIME user data: nodeadm NodeConfig (RAID0 instance store) + hugepages.
+def cache_volume_names(cache: NvmeCache) -> list[str]:
+    """The cache directories of a node, as entries of the discovery directory."""
+    return [f"{CACHE_VOLUME_PREFIX}{i}" for i in range(cache.volumes_per_node)]
 
-    Shell parts run after nodeadm's config phase and before kubelet starts, so kubelet
-    sees the hugepages as allocatable.
+
+def cache_setup_script(cache: NvmeCache) -> str:
+    """Runs on every boot once the array is mounted, before kubelet (cache_user_data).
+
+    Makes `volumes_per_node` directories of the array, owned by the images' user, and
+    bind-mounts each at `<hostDir>/vol-N`: the local static provisioner makes one PV per
+    mount point of its discovery directory and skips other entries (v2.8.0
+    pkg/discovery/discovery.go discoverVolumesAtPath), and on reclaim deletes what is under
+    the PV's path (pkg/deleter/deleter.go cleanFilePV -> DeleteContents), so only these
+    directories can ever be emptied. The array root, which nodeadm's setup-local-disks also
+    bind-mounts /var/lib/kubelet, /var/lib/containerd and /var/log/pods from, is never
+    published. Without the array it does nothing, rather than fill the root volume.
+    """
+    array, owner = shlex.quote(INSTANCE_STORE_MOUNT), CACHE_OWNER_ID
+    src, dst = shlex.quote(CACHE_ARRAY_DIR), shlex.quote(cache.host_dir)
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "# trainstack NVMe cache: dedicated directories of the instance-store array, each",
+            "# bind-mounted under the local static provisioner's discovery directory.",
+            "set -euo pipefail",
+            f"if ! mountpoint -q {array}; then",
+            f'  echo "trainstack-nvme-cache: {INSTANCE_STORE_MOUNT} is not mounted;'
+            ' no cache volumes" >&2',
+            "  exit 1",
+            "fi",
+            "volume() {",
+            f'  local src={src}/"$1" dst={dst}/"$1"',
+            f'  install -d -m 0770 -o {owner} -g {owner} "$src"',
+            '  mkdir -p "$dst"',
+            '  mountpoint -q "$dst" || mount --bind "$src" "$dst"',
+            "}",
+            *(f"volume {name}" for name in cache_volume_names(cache)),
+            "",
+        ]
+    )
+
+
+def cache_user_data(cache: NvmeCache) -> str:
+    """The shell part that installs cache_setup_script as a systemd unit.
+
+    Order on AL2023 (amazon-eks-ami v20260724, templates/al2023/runtime/rootfs/etc/systemd/
+    system/): nodeadm-config.service runs before cloud-init; user-data shell parts run in
+    cloud-final; nodeadm-run.service (`After=cloud-final.service`) then runs the run phase,
+    whose local-disk aspect calls setup-local-disks (nodeadm/cmd/nodeadm/init/init.go,
+    nodeadm/internal/system/local_disk.go) to build, mount and enable the array's mount unit,
+    and (re)starts kubelet. So this part cannot touch the array itself: it installs a unit
+    that kubelet's start pulls in (`WantedBy=kubelet.service`), ordered after the array's
+    mount (`RequiresMountsFor`) and before kubelet, on the first boot and every reboot.
+    """
+    unit = "\n".join(
+        [
+            "[Unit]",
+            "Description=trainstack NVMe cache volumes on the instance-store array",
+            f"RequiresMountsFor={INSTANCE_STORE_MOUNT}",
+            "Before=kubelet.service",
+            "[Service]",
+            "Type=oneshot",
+            "RemainAfterExit=yes",
+            f"ExecStart={CACHE_SETUP_SCRIPT}",
+            "[Install]",
+            "WantedBy=kubelet.service",
+        ]
+    )
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "set -euo pipefail",
+            f"mkdir -p {shlex.quote(CACHE_SETUP_SCRIPT.rsplit('/', 1)[0])}",
+            f"cat > {CACHE_SETUP_SCRIPT} <<'TRAINSTACK_SCRIPT'",
+            cache_setup_script(cache).rstrip("\n"),
+            "TRAINSTACK_SCRIPT",
+            f"chmod 0755 {CACHE_SETUP_SCRIPT}",
+            f"cat > /etc/systemd/system/{CACHE_SETUP_UNIT} <<'TRAINSTACK_UNIT'",
+            unit,
+            "TRAINSTACK_UNIT",
+            "systemctl daemon-reload",
+            f"systemctl enable {CACHE_SETUP_UNIT}",
+        ]
+    )
+
+
+def node_user_data(pool: GpuPool, cache: NvmeCache | None = None) -> str:
+    """AL2023 MIME user data: nodeadm NodeConfig (RAID0 instance store) + hugepages, and
+    with `cache` on a RAID0 pool the unit that publishes the NVMe cache directories.
+
+    Shell parts run after nodeadm's config phase and before its run phase makes the array and
+    starts kubelet, so kubelet sees the hugepages as allocatable.
     """
     assert pool.aws is not None
     boundary = "TRAINSTACK-BOUNDARY"
@@ -151,6 +261,8 @@ def node_user_data(pool: GpuPool) -> str:
             ]
         )
         parts.append(("text/x-shellscript", script))
+    if pool.aws.instance_store_raid0 and cache is not None:
+        parts.append(("text/x-shellscript", cache_user_data(cache)))
     if not parts:
         return ""
     lines = ["MIME-Version: 1.0", f'Content-Type: multipart/mixed; boundary="{boundary}"', ""]
@@ -160,24 +272,53 @@ def node_user_data(pool: GpuPool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def nvidia_device_plugin_values() -> dict[str, Any]:
-    """Runs only on nodes labelled nvidia.com/gpu.present=true (set on every GPU pool)."""
+def network_operator_enabled(cfg: PlatformConfig) -> bool:
+    """RDMA pools on an existing cluster get the NVIDIA Network Operator (and its NFD)."""
+    return any(p.existing is not None and p.existing.rdma for p in cfg.gpu_pools)
+
+
+def _term(selector: list[tuple[str, str]]) -> dict[str, Any]:
+    return {
+        "matchExpressions": [
+            {"key": key, "operator": "In", "values": [value]} for key, value in selector
+        ]
+    }
+
+
+def nvidia_device_plugin_values(cfg: PlatformConfig) -> dict[str, Any]:
+    """The plugin (and, on existing clusters, GPU Feature Discovery) on GPU nodes only.
+
+    On AWS every pool's node group sets nvidia.com/gpu.present (node_labels). On an existing
+    cluster nothing sets it (GFD never does; the GPU operator would) and pools may select GFD
+    labels such as nvidia.com/gpu.product, so GFD is on, and the plugin and GFD (which shares
+    this affinity) also run on NFD's NVIDIA PCI label and on every pool's selector. The
+    Network Operator brings its own NFD (v25.7.0 values.yaml: PCI classes 0300/0302 by vendor,
+    `nvidia.com` labels allowed), so the chart's stays off; otherwise the chart's NFD comes
+    along, tolerating the GPU taint. Chart facts: NVIDIA/k8s-device-plugin v0.18.2
+    deployments/helm/nvidia-device-plugin (values.yaml, Chart.yaml, templates/daemonset-gfd.yml).
+    """
+    terms = [_term([(GPU_PRESENT_LABEL, "true")])]
+    extra: dict[str, Any] = {}
+    if cfg.cloud == "existing":
+        terms.insert(0, _term([(NFD_NVIDIA_PCI_LABEL, "true")]))
+        for pool in cfg.gpu_pools:
+            if pool.existing is not None and _term(list(pool.existing.node_selector)) not in terms:
+                terms.append(_term(list(pool.existing.node_selector)))
+        extra["gfd"] = {"enabled": True}
+        extra["nfd"] = (
+            {"enabled": False}
+            if network_operator_enabled(cfg)
+            else {"worker": {"tolerations": list(NFD_WORKER_TOLERATIONS)}}
+        )
     return {
         "affinity": {
             "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {"key": GPU_PRESENT_LABEL, "operator": "In", "values": ["true"]}
-                            ]
-                        }
-                    ]
-                }
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
             }
         },
         "tolerations": [GPU_TOLERATION],
         "priorityClassName": "system-node-critical",
+        **extra,
     }
 
 

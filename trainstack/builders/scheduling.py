@@ -1,5 +1,5 @@
-"""Volcano as data: capacity arithmetic, queues, priority classes, scheduler config,
-HyperNodes and the queue-ownership admission policy.
+"""Volcano as data: capacity arithmetic, queues, priority classes, scheduler config and
+HyperNodes. The admission policies on Volcano objects live in builders/admission.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Any
 import yaml
 
 from trainstack.builders import labels
-from trainstack.builders.admission import VOLCANO_JOBS, VOLCANO_PODGROUPS, team_policy
 from trainstack.builders.fabric import GPU_RESOURCE, HUGEPAGES_RESOURCE
 from trainstack.builders.pools import (
     PLACEMENT_GROUP,
@@ -33,14 +32,32 @@ VOLCANO_CHART = {
 VOLCANO_NAMESPACE = "volcano-system"
 ORG_QUEUE = "trainstack"
 ROOT_QUEUE = "root"
-TEAM_PRIORITY_ANNOTATION = labels.TEAM_PRIORITY_ANNOTATION
 
 # name -> (value, preemption policy, description). Values leave room above for system pods.
+# What priority does in Volcano v1.15.1: the preempt action evicts lower-priority jobs of the
+# same queue only ("Preemption between Jobs within Queue", actions/preempt/preempt.go); across
+# teams GPUs move by reclaim, which follows queue shares (deserved, guarantee), not priority,
+# and skips preemptors whose class is PreemptionPolicy Never (actions/reclaim/reclaim.go). So
+# every class may preempt: with Never, a team running only preemptible work would never get
+# its lent GPUs back. `preemptible` is the lowest value, so it preempts nothing in its queue.
 PRIORITY_CLASSES: dict[str, tuple[int, str, str]] = {
-    "critical": (100_000, "PreemptLowerPriority", "Deadline work; preempts everything below"),
-    "high": (10_000, "PreemptLowerPriority", "Important training; preempts normal and preemptible"),
-    "normal": (1_000, "PreemptLowerPriority", "Default for training jobs"),
-    "preemptible": (100, "Never", "Opportunistic work on idle GPUs; never preempts others"),
+    "critical": (
+        100_000,
+        "PreemptLowerPriority",
+        "Deadline work; preempts lower-priority jobs of the same team's queue",
+    ),
+    "high": (
+        10_000,
+        "PreemptLowerPriority",
+        "Important training; preempts normal and preemptible jobs of the same team's queue",
+    ),
+    "normal": (1_000, "PreemptLowerPriority", "Default; preempts preemptible jobs of its queue"),
+    "preemptible": (
+        100,
+        "PreemptLowerPriority",
+        "Opportunistic work; the first preempted in its queue, preempts nothing; reclaims "
+        "the team's lent GPUs like any class",
+    ),
 }
 
 # What Volcano v1.15 registers (pkg/scheduler/framework); the config may name nothing else.
@@ -449,44 +466,6 @@ def _hypernode(
 # The svc job plugin otherwise creates an ingress-only NetworkPolicy per job that blocks
 # Prometheus from scraping trainers; team namespaces get their own policy instead.
 SVC_PLUGIN_ARGS = ("--disable-network-policy=true",)
-
-QUEUE_POLICY = "trainstack-queue-ownership"
-
-
-def queue_ownership_policy(cfg: PlatformConfig) -> list[dict[str, Any]]:
-    """A team namespace may submit only to its own queue, at priorities it is allowed."""
-    team_label = labels.TEAM
-    ns = "namespaceObject.metadata"
-    owns_queue = (
-        f"has({ns}.labels) && '{team_label}' in {ns}.labels && "
-        f"has(object.spec.queue) && object.spec.queue == {ns}.labels['{team_label}']"
-    )
-    allowed_priority = (
-        "!has(object.spec.priorityClassName) || object.spec.priorityClassName == '' || "
-        f"(has({ns}.annotations) && '{TEAM_PRIORITY_ANNOTATION}' in {ns}.annotations && "
-        f"{ns}.annotations['{TEAM_PRIORITY_ANNOTATION}'].split(',')"
-        ".exists(c, 'trainstack-' + c == object.spec.priorityClassName))"
-    )
-    return team_policy(
-        QUEUE_POLICY,
-        cfg.stack,
-        resource_rules=[VOLCANO_JOBS, VOLCANO_PODGROUPS],
-        validations=[
-            {
-                "expression": owns_queue,
-                "messageExpression": (
-                    "'queue ' + (has(object.spec.queue) ? object.spec.queue : 'default') + "
-                    f"' is not this namespace\\'s queue; use ' + {ns}.labels['{team_label}']"
-                ),
-                "reason": "Forbidden",
-            },
-            {
-                "expression": allowed_priority,
-                "message": "this team may not use that priority class",
-                "reason": "Forbidden",
-            },
-        ],
-    )
 
 
 def scheduling_output(cfg: PlatformConfig) -> dict[str, Any]:

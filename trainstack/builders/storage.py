@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainstack.builders import labels
-from trainstack.builders.pools import GPU_PRESENT_LABEL, GPU_TOLERATION
+from trainstack.builders.pools import CACHE_VOLUME_PREFIX, GPU_PRESENT_LABEL, GPU_TOLERATION
 from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig, Team
 
 LUSTRE_PORTS = ((988, 988), (1018, 1023))  # LNet, and the ports Lustre servers call back on
@@ -13,8 +13,11 @@ FSX_CSI_DRIVER = "fsx.csi.aws.com"
 LUSTRE_VERSION = "2.15"
 DATASETS_PATH = "/datasets"  # file-system path linked to S3 and the jobs' mount point
 CHECKPOINTS_MOUNT = "/checkpoints"  # the runtime's TRAINSTACK_CHECKPOINT_DIR default
-DATASETS_CLAIM = "datasets"
-CHECKPOINTS_CLAIM = "checkpoints"
+# Each team's one claim on the shared Lustre file system; jobs mount it once, with a
+# read-only datasets sub-path and a checkpoints sub-path (see team_volumes).
+LUSTRE_CLAIM = "lustre"
+CHECKPOINTS_CLAIM = "checkpoints"  # EFS: the team's access point
+TEAM_PLACEHOLDER = "{team}"  # in existingLustre.volumeHandle: replaced by the team's name
 CACHE_CLASS = "nvme-cache"
 TRAINING_SERVICE_ACCOUNT = "training"
 CHECKPOINT_PREFIX = "teams/"
@@ -164,7 +167,16 @@ def _team_pv(
 
 
 def team_volumes(cfg: PlatformConfig, team: Team, csi: dict[str, Any]) -> list[dict[str, Any]]:
-    """Datasets (read-only) and checkpoints (read-write) claims on the shared file system."""
+    """The team's one claim on the shared file system (`csi` carries the team's own handle).
+
+    Jobs mount it once with two sub-paths: datasets read-only (the volumeMount's readOnly)
+    and the team's checkpoints. Not a datasets PV and a checkpoints PV: the kubelet names a
+    CSI volume `<driver>^<volumeHandle>` and keeps one entry per name
+    (k8s.io/kubernetes@v1.37.2 pkg/volume/csi/csi_plugin.go GetVolumeName;
+    kubelet/volumemanager/cache/desired_state_of_world.go AddPodToVolume), so a pod with two
+    PVs of one file system waits forever for the second (kubernetes/kubernetes#91556). The
+    policy rule `pv-unique-volume-handle` rejects such plans.
+    """
     storage = cfg.storage
     capacity = (
         storage.lustre.storage_capacity_gib
@@ -173,24 +185,22 @@ def team_volumes(cfg: PlatformConfig, team: Team, csi: dict[str, Any]) -> list[d
         if storage.existing_lustre is not None
         else 0
     )
-    return [
-        *_team_pv(
-            cfg,
-            team,
-            claim=DATASETS_CLAIM,
-            access="ReadOnlyMany",
-            csi={**csi, "readOnly": True},
-            capacity_gib=capacity,
-        ),
-        *_team_pv(
-            cfg,
-            team,
-            claim=CHECKPOINTS_CLAIM,
-            access="ReadWriteMany",
-            csi=csi,
-            capacity_gib=capacity,
-        ),
-    ]
+    return _team_pv(
+        cfg, team, claim=LUSTRE_CLAIM, access="ReadWriteMany", csi=csi, capacity_gib=capacity
+    )
+
+
+def fsx_volume_handle(file_system_id: str, team: Team) -> str:
+    """`<fs id>::<team>`: one handle per team's PV on the platform's FSx file system.
+
+    fsx.csi.aws.com mounts `<dnsname>@tcp:/<mountname>` from volumeAttributes and uses the
+    volume id only as a non-empty key (kubernetes-sigs/aws-fsx-csi-driver v1.9.0, the chart
+    1.17.0 app version: pkg/driver/node.go NodePublishVolume; NodeStage is unimplemented, the
+    controller has no PUBLISH_UNPUBLISH capability and the CSIDriver sets attachRequired:
+    false). Up to v1.0.0 the id alone was the in-flight key, so two pods on a node
+    publishing one id at once were refused (v1.0.0 node.go: `d.inFlight.Insert(volumeID)`).
+    """
+    return f"{file_system_id}::{team.name}"
 
 
 EFS_CSI_DRIVER = "efs.csi.aws.com"
@@ -218,12 +228,21 @@ def efs_checkpoint_volume(
     )
 
 
-def existing_lustre_csi(cfg: PlatformConfig) -> dict[str, Any]:
+def existing_lustre_csi(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
+    """The operator's Lustre for one team: the handle as configured, `{team}` replaced.
+
+    trainstack does not invent handles here: Lustre CSI drivers differ in what they read
+    from it (HPE's lustre.csi.hpe.com mounts the volume id itself, HewlettPackard/
+    lustre-csi-driver pkg/hpelustre/nodeserver.go NodePublishVolume `source := volumeID`;
+    the FSx and Azure Lustre drivers read the file system from volumeAttributes:
+    kubernetes-sigs/azurelustre-csi-driver pkg/azurelustre/nodeserver.go NodePublishVolume
+    mounts `<mds-ip-address>@tcp:/<fs-name>` from the volume context).
+    """
     existing = cfg.storage.existing_lustre
     assert existing is not None
     return {
         "driver": existing.csi_driver,
-        "volumeHandle": existing.volume_handle,
+        "volumeHandle": existing.volume_handle.replace(TEAM_PLACEHOLDER, team.name),
         "volumeAttributes": dict(existing.volume_attributes),
     }
 
@@ -241,19 +260,28 @@ def training_service_account(cfg: PlatformConfig, team: Team, role_arn: Any) -> 
 
 
 def local_provisioner_values(cfg: PlatformConfig) -> dict[str, Any]:
-    """One local PV per node for the NVMe mount(s) under hostDir (RAID0: /mnt/k8s-disks/0)."""
+    """One local PV per mount point under hostDir on each node: the cache's own directories.
+
+    aws: hostDir holds only the `vol-N` bind mounts the node's user data makes
+    (pools.cache_user_data), never the array (`/mnt/k8s-disks/0`), which also holds kubelet
+    and containerd state: with reclaimPolicy Delete the provisioner empties every released
+    volume (sig-storage-local-static-provisioner v2.8.0 pkg/deleter/deleter.go). The name
+    pattern keeps discovery to those entries. existing: every mount point the operator
+    prepared under hostDir is a volume.
+    """
     cache = cfg.storage.nvme_cache
     assert cache is not None
+    cls: dict[str, Any] = {
+        "name": CACHE_CLASS,
+        "hostDir": cache.host_dir,
+        "volumeMode": "Filesystem",
+        "fsType": "xfs",
+        "storageClass": {"reclaimPolicy": "Delete"},
+    }
+    if cfg.cloud == "aws":
+        cls["namePattern"] = f"{CACHE_VOLUME_PREFIX}*"
     return {
-        "classes": [
-            {
-                "name": CACHE_CLASS,
-                "hostDir": cache.host_dir,
-                "volumeMode": "Filesystem",
-                "fsType": "xfs",
-                "storageClass": {"reclaimPolicy": "Delete"},
-            }
-        ],
+        "classes": [cls],
         "nodeSelector": {GPU_PRESENT_LABEL: "true"} if cfg.cloud == "aws" else {},
         "tolerations": [GPU_TOLERATION],
     }
@@ -265,13 +293,13 @@ def team_storage(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
     entry: dict[str, Any] = {}
     if storage.has_shared_filesystem:
         entry |= {
-            "datasetClaim": DATASETS_CLAIM,
+            "datasetClaim": LUSTRE_CLAIM,
             "datasetSubPath": DATASETS_PATH.lstrip("/"),
             "datasetMountPath": DATASETS_PATH,
         }
     if storage.has_checkpoint_volume:
         entry |= {
-            "checkpointClaim": CHECKPOINTS_CLAIM,
+            "checkpointClaim": LUSTRE_CLAIM if storage.has_shared_filesystem else CHECKPOINTS_CLAIM,
             # On EFS the team's access point is already its own directory.
             "checkpointSubPath": (
                 checkpoint_subpath(team) if storage.has_shared_filesystem else "checkpoints"

@@ -7,7 +7,6 @@ from typing import Any
 from trainstack_runtime.contract import HEALTH_PORT_DEFAULT
 
 from trainstack.builders import labels
-from trainstack.builders.scheduling import team_quotas
 from trainstack.builders.storage import LUSTRE_PORTS
 from trainstack.config.model import PlatformConfig, Team
 from trainstack.config.monitoring import MONITORING_NAMESPACE
@@ -32,21 +31,21 @@ def _meta(cfg: PlatformConfig, team: Team, name: str) -> dict[str, Any]:
 
 
 def resource_quota(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
-    """Every dimension capped at the team's Volcano capability, so kubectl cannot bypass it."""
-    capability = team_quotas(cfg, team)["capability"] if team.pools else {}
-    hard = {f"requests.{k}": v for k, v in capability.items()}
-    if "cpu" in capability:
-        ratio = int(MAX_LIMIT_REQUEST_RATIO["cpu"])
-        hard["limits.cpu"] = str(int(capability["cpu"]) * ratio)
-    if "memory" in capability:
-        hard["limits.memory"] = capability["memory"]
-    if not hard:
-        hard = {"requests.nvidia.com/gpu": "0"}
+    """Fences that cannot deadlock a gang: no compute dimension.
+
+    GPUs, fabric devices, CPU and memory are fenced by the team's Volcano queue (its
+    capability) and, since pods reach a team namespace only through Volcano Jobs (the member
+    Role), by the `volcano-scheduled` rule keeping those pods on Volcano. A quota on them would
+    count pending pods: without the `enqueue` action Volcano creates every pod of each job it
+    admits, so two jobs that together exceed the quota each hold a partial gang for ever
+    (volcano#1387, volcano#4492; issue 15 #6, shown in tests/e2e/test_scheduling.py).
+    What stays: no Service of a team may open the namespace to the outside.
+    """
     return {
         "apiVersion": "v1",
         "kind": "ResourceQuota",
         "metadata": _meta(cfg, team, "team-quota"),
-        "spec": {"hard": dict(sorted(hard.items()))},
+        "spec": {"hard": {"services.loadbalancers": "0", "services.nodeports": "0"}},
     }
 
 

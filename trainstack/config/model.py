@@ -177,6 +177,8 @@ class RdmaSettings:
     interfaces: tuple[str, ...]
     hcas: str
     gid_index: int | None
+    # The NetworkAttachmentDefinition ([namespace/]name) job pods attach to, as net1.
+    secondary_network: str | None = None
 
     @property
     def resource(self) -> str:
@@ -233,8 +235,9 @@ class ExistingLustre:
 
 @dataclass(frozen=True)
 class NvmeCache:
-    host_dir: str
+    host_dir: str  # the provisioner's discovery directory: only cache mount points in it
     max_concurrent_fetches: int
+    volumes_per_node: int = 8  # aws: cache directories each node's user data makes
 
 
 @dataclass(frozen=True)

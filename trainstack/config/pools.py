@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from trainstack.builders.fabric import pod_interfaces, socket_ifname_matches
 from trainstack.catalog import catalog
 from trainstack.config import model as m
 from trainstack.config.checks import dict_items, duplicate_names, size_issues
@@ -66,6 +67,18 @@ def pool_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
             issues += _aws_pool(pool, path, zones)
         elif cloud == "existing":
             issues += _existing_pool(pool, path)
+    policy = doc.get("policy")
+    advisory = policy.get("advisory") if isinstance(policy, Mapping) else None
+    rdma = [p.get("name") for _, p in pools if cloud == "existing" and "rdma" in p]
+    if rdma and isinstance(advisory, list) and "no-privileged" in advisory:
+        issues.append(
+            ConfigIssue(
+                join_path(root, "policy", "advisory"),
+                f"no-privileged cannot be advisory with RDMA pools ({', '.join(map(str, rdma))}): "
+                "their teams' namespaces enforce Pod Security privileged so that pods may add "
+                "IPC_LOCK, and this rule is what holds those pods to baseline; remove it",
+            )
+        )
     return issues
 
 
@@ -237,6 +250,27 @@ def _existing_pool(pool: Mapping[str, Any], path: str) -> list[ConfigIssue]:
         issues.append(
             ConfigIssue(join_path(path, "rdma", "gidIndex"), "only used on RoCE; remove it")
         )
+    if fabric == "roce" and isinstance(rdma, Mapping) and "secondaryNetwork" not in rdma:
+        issues.append(
+            ConfigIssue(
+                join_path(path, "rdma", "secondaryNetwork"),
+                "required for a roce pool: the NetworkAttachmentDefinition over the RoCE NICs "
+                "(e.g. the Network Operator's MacvlanNetwork) that gives a pod its address on "
+                "the fabric; without it a pod has only eth0",
+            )
+        )
+    network = rdma.get("secondaryNetwork") if isinstance(rdma, Mapping) else None
+    ifname = pool.get("socketIfname", "eth0")
+    interfaces = pod_interfaces(network if isinstance(network, str) else None)
+    if isinstance(ifname, str) and ifname and not socket_ifname_matches(ifname, interfaces):
+        issues.append(
+            ConfigIssue(
+                join_path(path, "socketIfname"),
+                f"{ifname!r} matches no interface of a job's pod ({', '.join(interfaces)}): "
+                "pods do not see the host's NICs (host networking is refused by the "
+                "no-privileged rule); use eth0, the default, for NCCL's bootstrap",
+            )
+        )
     return issues
 
 
@@ -280,6 +314,7 @@ def build_pools(doc: Mapping[str, Any]) -> tuple[m.GpuPool, ...]:
                         interfaces=tuple(rdma["interfaces"]),
                         hcas=rdma["hcas"],
                         gid_index=rdma.get("gidIndex"),
+                        secondary_network=rdma.get("secondaryNetwork"),
                     )
                     if rdma
                     else None

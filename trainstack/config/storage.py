@@ -6,6 +6,7 @@ values. Facts: ../shared/reference/aws-gpu-platform-facts.md §4.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,6 +85,9 @@ def storage_checks(doc: Mapping[str, Any], root: str, zones: set[str] | None) ->
                 "S3 checkpoint copies are created on aws only; remove it",
             )
         )
+    cache = storage.get("nvmeCache")
+    if isinstance(cache, Mapping):
+        issues += _cache_checks(cache, join_path(path, "nvmeCache"), cloud)
     if "nvmeCache" in storage and cloud == "aws":
         pools = [p for p in doc.get("gpuPools", []) if isinstance(p, Mapping)]
         if not any(p.get("instanceStore") != "none" for p in pools):
@@ -94,6 +98,66 @@ def storage_checks(doc: Mapping[str, Any], root: str, zones: set[str] | None) ->
                     "add one or remove nvmeCache",
                 )
             )
+    return issues
+
+
+# The instance-store array nodeadm mounts at /mnt/k8s-disks/0 also holds these, bind-mounted
+# from <array>/<basename> (amazon-eks-ami templates/al2023/runtime/bin/setup-local-disks).
+ARRAY_PARENT = "/mnt/k8s-disks"
+NODE_STATE_DIRS = (
+    "/var/lib/kubelet",
+    "/var/lib/containerd",
+    "/var/lib/soci-snapshotter-grpc",
+    "/var/log/pods",
+)
+DEFAULT_CACHE_DIR = "/mnt/trainstack-cache"
+
+
+def _overlaps(path: str, other: str) -> bool:
+    """`path` is `other`, inside it, or above it."""
+    a, b = posixpath.normpath(path), posixpath.normpath(other)
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+
+
+def _and_list(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _cache_checks(cache: Mapping[str, Any], path: str, cloud: object) -> list[ConfigIssue]:
+    """The provisioner deletes what is in every released volume under hostDir
+    (sig-storage-local-static-provisioner pkg/deleter/deleter.go): hostDir must hold nothing
+    but cache mount points."""
+    issues: list[ConfigIssue] = []
+    host_dir = cache.get("hostDir")
+    if isinstance(host_dir, str) and host_dir.startswith("/"):
+        fix = (
+            "and the provisioner deletes everything in a released volume; use a directory of "
+            f"its own, such as {DEFAULT_CACHE_DIR} (the default)"
+        )
+        state = [d for d in NODE_STATE_DIRS if _overlaps(host_dir, d)]
+        if _overlaps(host_dir, ARRAY_PARENT):
+            issues.append(
+                ConfigIssue(
+                    join_path(path, "hostDir"),
+                    f"{host_dir!r} holds the node's instance-store array, where nodeadm also "
+                    "keeps /var/lib/kubelet, /var/lib/containerd and /var/log/pods, " + fix,
+                )
+            )
+        elif state:
+            issues.append(
+                ConfigIssue(
+                    join_path(path, "hostDir"),
+                    f"{host_dir!r} holds {_and_list(state)}, " + fix,
+                )
+            )
+    if "volumesPerNode" in cache and cloud == "existing":
+        issues.append(
+            ConfigIssue(
+                join_path(path, "volumesPerNode"),
+                "only used with cloud: aws (the node's user data makes the directories); on an "
+                "existing cluster every mount point you prepare under hostDir is one volume",
+            )
+        )
     return issues
 
 
@@ -210,7 +274,9 @@ def build_storage(
     if "nvmeCache" in storage:
         raw = storage["nvmeCache"]
         cache = m.NvmeCache(
-            host_dir=raw["hostDir"], max_concurrent_fetches=raw["maxConcurrentFetchesPerSource"]
+            host_dir=posixpath.normpath(raw["hostDir"]),
+            max_concurrent_fetches=raw["maxConcurrentFetchesPerSource"],
+            volumes_per_node=raw["volumesPerNode"],
         )
     checkpoints = storage["checkpoints"]
     bucket = None

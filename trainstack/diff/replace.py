@@ -165,7 +165,31 @@ STATEFUL: dict[str, str] = {
     "kubernetes:core/v1:PersistentVolumeClaim": "volume claim: pods using it lose their volume",
     "kubernetes:core/v1:PersistentVolume": "volume: its binding (and data, per reclaim policy)",
     "kubernetes:core/v1:Namespace": "namespace: everything in it is deleted",
+    "kubernetes:batch.volcano.sh/v1alpha1:Job": (
+        "training job: its pods stop; it starts again from its last checkpoint"
+    ),
 }
+
+# Why a resource's `replacementTrigger` (a resource option the program sets, recorded in the
+# plan's `options`) is there: the engine replaces the resource whenever the value changes.
+TRIGGER_REASONS: dict[str, str] = {
+    "kubernetes:batch.volcano.sh/v1alpha1:Job": (
+        "the Job changed beyond minAvailable, task replicas and priorityClassName, which "
+        "Volcano refuses to update in place (admit_job.go validateJobUpdate): deleted and "
+        "created again"
+    ),
+}
+
+
+def trigger_reasons(
+    resource_type: str, before: dict[str, Any], after: dict[str, Any]
+) -> list[tuple[str, str]]:
+    """A replacement the program asked for through `replacementTrigger`, with its reason."""
+    old, new = before.get("replacementTrigger"), after.get("replacementTrigger")
+    if old is None or new is None or old == new:
+        return []
+    why = TRIGGER_REASONS.get(resource_type, "the program's replacementTrigger changed")
+    return [("replacementTrigger", why)]
 
 
 def rules_for(resource_type: str) -> tuple[Rule, ...]:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainstack.diff.plans import ABSENT, VOLCANO_JOB, changed_paths, get
-from trainstack.diff.replace import STATEFUL, replacing_paths
+from trainstack.diff.replace import STATEFUL, replacing_paths, trigger_reasons
 from trainstack.outputs import team_slices
 
 QUEUE = "kubernetes:scheduling.volcano.sh/v1beta1:Queue"
@@ -479,10 +479,12 @@ def resource_changes(
             reasons.append(f"provider changed ({before.get('provider')} → {after.get('provider')})")
         diffs = changed_paths(before.get("inputs") or {}, after.get("inputs") or {})
         reasons.extend(f"{path}: {why}" for path, why in replacing_paths(rtype, diffs))
+        options = (before.get("options") or {}, after.get("options") or {})
+        reasons.extend(f"{path}: {why}" for path, why in trigger_reasons(rtype, *options))
         if reasons:
             counts["replace"] += 1
             listed.append(ResourceChange("replace", rtype, name, stateful, tuple(reasons)))
-        elif diffs or before.get("dependencies") != after.get("dependencies"):
+        elif diffs or any(before.get(k) != after.get(k) for k in ("dependencies", "options")):
             counts["update"] += 1
         else:
             counts["same"] += 1

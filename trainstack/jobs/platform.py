@@ -51,4 +51,7 @@ def profile(pool: Mapping[str, Any]) -> FabricProfile:
         hugepages_mi_per_node=int(raw["hugepagesMiPerNode"]),
         env=dict(raw["env"]),
         shared_devices=tuple(raw.get("sharedDevices", ())),
+        # Absent from the outputs of platform stacks deployed before they existed.
+        capabilities=tuple(raw.get("capabilities", ())),
+        secondary_network=raw.get("secondaryNetwork"),
     )

@@ -18,6 +18,7 @@ from trainstack.builders.scheduling import SVC_PLUGIN_ARGS, priority_class_name
 from trainstack.builders.storage import CHECKPOINTS_MOUNT
 from trainstack.catalog import catalog
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean
+from trainstack.jobs.lifecycle import EXIT_ACTIONS, TASK_MAX_RETRY, volcano_max_retry
 from trainstack.jobs.platform import PlatformView, profile
 from trainstack.jobs.spec import JobSpec, cpu_millis, memory_bytes
 
@@ -30,14 +31,6 @@ CACHE_REQUEST = "100Gi"  # binds any local NVMe volume at least this large
 FINISHED_TTL_SECONDS = 3 * 24 * 3600  # keep finished jobs and their pods for debugging
 TIERS = {"pool": 1, "zone": 2}  # HyperNode tiers (builders/scheduling.hypernodes)
 PYTHONS = ("python", "python3")
-
-# Exit code -> Volcano action: retryable classes restart (and resume from the last
-# checkpoint), fatal ones stop the job; a deadline ends it for good.
-EXIT_ACTIONS: dict[int, str] = {
-    **{int(code): "RestartJob" for code in contract.RETRYABLE},
-    **{int(code): "AbortJob" for code in contract.FATAL},
-    int(contract.ExitCode.DEADLINE_EXCEEDED): "TerminateJob",
-}
 
 
 def job_labels(spec: JobSpec) -> dict[str, str]:
@@ -312,9 +305,14 @@ def _pod(
     ]
     init: list[dict[str, Any]] = []
     if spec.data is not None and spec.data.source == "lustre":
+        claim = storage.get("datasetClaim", "datasets")
+        # One pod volume per claim: the kubelet keys CSI volumes by driver and handle, so a
+        # claim listed twice never finishes mounting (kubernetes/kubernetes#91556, #132921).
+        # Datasets on the checkpoint claim are a read-only sub-path of the same volume.
+        shared = claim == storage.get("checkpointClaim", "checkpoints")
         mounts.append(
             {
-                "name": "data",
+                "name": "checkpoints" if shared else "data",
                 "mountPath": spec.data.mount_path,
                 "subPath": "/".join(
                     (
@@ -326,15 +324,13 @@ def _pod(
                 "readOnly": True,
             }
         )
-        volumes.append(
-            {
-                "name": "data",
-                "persistentVolumeClaim": {
-                    "claimName": storage.get("datasetClaim", "datasets"),
-                    "readOnly": True,
-                },
-            }
-        )
+        if not shared:
+            volumes.append(
+                {
+                    "name": "data",
+                    "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
+                }
+            )
     elif spec.data is not None:
         mounts += [
             {"name": "cache", "mountPath": CACHE_MOUNT},
@@ -399,6 +395,13 @@ def _pod(
         },
         "volumeMounts": mounts,
     }
+    fabric = profile(pool)
+    metadata: dict[str, Any] = {"labels": task_labels}
+    if role != PS:  # replicas with the pool's RDMA devices; parameter servers have none
+        if fabric.capabilities:
+            container["securityContext"] = {"capabilities": {"add": list(fabric.capabilities)}}
+        if fabric.pod_annotations():
+            metadata["annotations"] = fabric.pod_annotations()
     selector = pool.get("nodeSelector", {})
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # Volcano reads exit codes only from Failed pods
@@ -424,7 +427,7 @@ def _pod(
     }
     if init:
         pod_spec["initContainers"] = init
-    return {"metadata": {"labels": task_labels}, "spec": pod_spec}
+    return {"metadata": metadata, "spec": pod_spec}
 
 
 def _task(spec: JobSpec, view: PlatformView, name: str, replicas: int, gpus: int) -> dict[str, Any]:
@@ -433,6 +436,7 @@ def _task(spec: JobSpec, view: PlatformView, name: str, replicas: int, gpus: int
         "name": name,
         "replicas": replicas,
         "minAvailable": replicas,
+        "maxRetry": TASK_MAX_RETRY,
         "template": _pod(spec, view, PS if name == PS else name, gpus, task_labels),
     }
 
@@ -488,7 +492,7 @@ def job_spec(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -
         "queue": view.scheduling(spec.team).get("queue", spec.team),
         "priorityClassName": priority_class_name(spec.priority),
         "minAvailable": sum(t["replicas"] for t in tasks),  # gang: all or nothing
-        "maxRetry": spec.max_retries,
+        "maxRetry": volcano_max_retry(spec.max_retries),
         "ttlSecondsAfterFinished": FINISHED_TTL_SECONDS,
         "plugins": plugins,
         "policies": policies,

@@ -12,14 +12,22 @@ from typing import Any
 from trainstack.builders import labels
 from trainstack.builders.admission import VOLCANO_JOBS, team_policy
 from trainstack.policy.rules import (
+    ALLOWED_CAPABILITIES,
+    APPARMOR_ANNOTATION,
+    BASELINE_SELINUX_TYPES,
+    BASELINE_SYSCTLS,
     CHECKPOINT_ENV,
     CHECKPOINT_PATH,
+    CONFINED_PROFILES,
     DEVICE_PREFIXES,
     DEVICE_RESOURCES,
     GPU_TAINT_KEY,
+    HANDLERS,
     K8S_RULES,
     MAX_DURATION_ANNOTATION,
     PINNED_IMAGE,
+    PROBES,
+    VOLCANO_SCHEDULER,
     Config,
 )
 
@@ -126,6 +134,12 @@ def expressions(cfg: Config) -> dict[str, str]:
             "has(p.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)))))"
         ),
         "own-queue": "has(object.spec.queue) && object.spec.queue == namespaceObject.metadata.name",
+        "volcano-scheduled": (
+            "(!has(object.spec.schedulerName) || object.spec.schedulerName in "
+            f"['', {_str(VOLCANO_SCHEDULER)}]) && variables.pods.all(p, "
+            f"(!has(p.schedulerName) || p.schedulerName in ['', {_str(VOLCANO_SCHEDULER)}]) && "
+            "(!has(p.priorityClassName) || p.priorityClassName == ''))"
+        ),
         "shm-sized": _first_container_mount(
             "/dev/shm",
             "has(v.emptyDir) && has(v.emptyDir.medium) && v.emptyDir.medium == 'Memory' && "
@@ -141,8 +155,65 @@ def expressions(cfg: Config) -> dict[str, str]:
                 "!(has(c.securityContext) && has(c.securityContext.privileged) && "
                 "c.securityContext.privileged)"
             )
+            + " && "
+            + _baseline()
         ),
     }
+
+
+def _confined(sc: str) -> str:
+    """The securityContext `sc` keeps seccomp, AppArmor and SELinux confinement and is no
+    Windows host process (rules._baseline)."""
+    profiles = _list(CONFINED_PROFILES)
+    se = f"{sc}.seLinuxOptions"
+    return (
+        f"(!has({sc}.seccompProfile) || {sc}.seccompProfile.type in {profiles}) && "
+        f"(!has({sc}.appArmorProfile) || {sc}.appArmorProfile.type in {profiles}) && "
+        f"(!has({se}) || ((!has({se}.type) || {se}.type in {_list(BASELINE_SELINUX_TYPES)}) && "
+        f"(!has({se}.user) || {se}.user == '') && (!has({se}.role) || {se}.role == ''))) && "
+        f"(!has({sc}.windowsOptions) || !has({sc}.windowsOptions.hostProcess) || "
+        f"!{sc}.windowsOptions.hostProcess)"
+    )
+
+
+def _no_host(handler: str) -> str:
+    """Probe or lifecycle handler `handler` sets no host."""
+    return " && ".join(
+        f"(!has({handler}.{h}) || !has({handler}.{h}.host) || {handler}.{h}.host == '')"
+        for h in HANDLERS
+    )
+
+
+def _baseline() -> str:
+    """Pod Security baseline beyond host namespaces, privileged and hostPath (rules._baseline):
+    over every pod, container and the templates' AppArmor annotations."""
+    sc = "c.securityContext"
+    container = (
+        f"(!has({sc}) || ({_confined(sc)} && (!has({sc}.capabilities) || "
+        f"!has({sc}.capabilities.add) || {sc}.capabilities.add.all(x, x in "
+        f"{_list(sorted(ALLOWED_CAPABILITIES))})) && (!has({sc}.procMount) || "
+        f"{sc}.procMount == 'Default' || (has(p.hostUsers) && !p.hostUsers)))) && "
+        "(!has(c.ports) || c.ports.all(q, !has(q.hostPort) || q.hostPort == 0)) && "
+        + " && ".join(f"(!has(c.{k}) || ({_no_host('c.' + k)}))" for k in PROBES)
+        + " && (!has(c.lifecycle) || ("
+        + " && ".join(
+            f"(!has(c.lifecycle.{k}) || ({_no_host('c.lifecycle.' + k)}))"
+            for k in ("postStart", "preStop")
+        )
+        + "))"
+    )
+    pod = (
+        "variables.pods.all(p, !has(p.securityContext) || "
+        f"({_confined('p.securityContext')} && (!has(p.securityContext.sysctls) || "
+        f"p.securityContext.sysctls.all(s, s.name in {_list(sorted(BASELINE_SYSCTLS))}))))"
+    )
+    ann = "t.template.metadata.annotations"
+    annotations = (
+        "object.spec.tasks.all(t, !has(t.template.metadata) || "
+        f"!has({ann}) || {ann}.all(k, !k.startsWith({_str(APPARMOR_ANNOTATION)}) || "
+        f"{ann}[k] in ['', 'runtime/default'] || {ann}[k].startsWith('localhost/')))"
+    )
+    return f"{pod} && {_each_container(container)} && {annotations}"
 
 
 PODS_VARIABLE = {"name": "pods", "expression": "object.spec.tasks.map(t, t.template.spec)"}

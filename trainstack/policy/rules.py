@@ -8,6 +8,7 @@ rules as CEL for in-cluster admission; tests check the two agree.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import Any, Literal
 
 Level = Literal["advisory", "mandatory", "disabled"]
 VOLCANO_JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
+ADDON = "aws:eks/addon:Addon"
 DEVICE_RESOURCES = ("nvidia.com/gpu", "vpc.amazonaws.com/efa", "hugepages-2Mi")
 DEVICE_PREFIXES = ("rdma/",)
 CHECKPOINT_PATH = "/checkpoints"
@@ -254,6 +256,32 @@ def own_queue(job: Mapping[str, Any], cfg: Config) -> list[str]:
     return []
 
 
+VOLCANO_SCHEDULER = "volcano"
+
+
+def volcano_scheduled(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    """The job's pods are scheduled by Volcano, in the job's queue, at the job's priority.
+
+    Volcano's job controller gives a pod the template's schedulerName and priorityClassName
+    when set, the job's otherwise (v1.15.1 pkg/controllers/job/job_controller_util.go
+    createJobPod); its mutating webhook sets an empty job schedulerName to `volcano`
+    (mutate_job.go). A template naming another scheduler would run pods outside the team's
+    queue, which is the only GPU quota a team namespace has (builders/teams.resource_quota).
+    """
+    del cfg
+    found = []
+    name = _map(job.get("spec")).get("schedulerName", "")
+    if name not in ("", VOLCANO_SCHEDULER):
+        found.append(f"schedulerName {name!r} bypasses the team's queue")
+    for task, pod in pods(job):
+        name = pod.get("schedulerName", "")
+        if name not in ("", VOLCANO_SCHEDULER):
+            found.append(f"task {task}: schedulerName {name!r} bypasses the team's queue")
+        if pod.get("priorityClassName", "") != "":
+            found.append(f"task {task}: priorityClassName overrides the job's priority class")
+    return found
+
+
 def shm_sized(job: Mapping[str, Any], cfg: Config) -> list[str]:
     del cfg
     found = []
@@ -274,9 +302,98 @@ def shm_sized(job: Mapping[str, Any], cfg: Config) -> list[str]:
     return found
 
 
+# The Pod Security Standards' baseline level, as k8s.io/pod-security-admission v0.37.2
+# checks it (policy/check_*.go of Level baseline). `no-privileged` holds job pods to it, with
+# two exceptions: allow-listed hostPath (RDMA devices) and IPC_LOCK (RDMA memory
+# registration), so that team namespaces allowed on RDMA pools can enforce `privileged`.
+BASELINE_CAPABILITIES = frozenset(
+    {
+        "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+        "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+    }
+)  # fmt: skip
+ALLOWED_CAPABILITIES = BASELINE_CAPABILITIES | {"IPC_LOCK"}
+BASELINE_SYSCTLS = frozenset(
+    {
+        "kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.tcp_syncookies",
+        "net.ipv4.ping_group_range", "net.ipv4.ip_unprivileged_port_start",
+        "net.ipv4.ip_local_reserved_ports", "net.ipv4.tcp_keepalive_time",
+        "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
+        "net.ipv4.tcp_keepalive_probes", "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem",
+        "net.ipv4.tcp_slow_start_after_idle", "net.ipv4.tcp_notsent_lowat",
+    }
+)  # fmt: skip
+BASELINE_SELINUX_TYPES = ("", "container_t", "container_init_t", "container_kvm_t",
+                          "container_engine_t")  # fmt: skip
+CONFINED_PROFILES = ("RuntimeDefault", "Localhost")  # seccomp and AppArmor profile types
+APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
+PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
+HANDLERS = ("httpGet", "tcpSocket")
+
+
+def _security_contexts(pod: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(who, securityContext) for the pod and each of its containers."""
+    yield "pod", _map(pod.get("securityContext"))
+    for c in containers(pod):
+        yield f"container {c.get('name')}", _map(c.get("securityContext"))
+
+
+def _baseline(task: str, pod: Mapping[str, Any], annotations: Mapping[str, Any]) -> list[str]:
+    """What Pod Security baseline refuses beyond host namespaces, privileged and hostPath."""
+    found = _baseline_containers(task, pod)
+    for who, sc in _security_contexts(pod):
+        for key in ("seccompProfile", "appArmorProfile"):
+            kind = _map(sc.get(key)).get("type")
+            if key in sc and kind not in CONFINED_PROFILES:
+                found.append(f"task {task}, {who}: {key} {kind} is not allowed")
+        selinux = _map(sc.get("seLinuxOptions"))
+        if selinux.get("type", "") not in BASELINE_SELINUX_TYPES or any(
+            selinux.get(k) for k in ("user", "role")
+        ):
+            found.append(f"task {task}, {who}: seLinuxOptions {dict(selinux)} are not allowed")
+        if _map(sc.get("windowsOptions")).get("hostProcess") is True:
+            found.append(f"task {task}, {who}: windowsOptions.hostProcess is not allowed")
+    sysctls = {
+        str(_map(x).get("name")) for x in _seq(_map(pod.get("securityContext")).get("sysctls"))
+    }
+    if sysctls - BASELINE_SYSCTLS:
+        found.append(f"task {task}: sysctls {sorted(sysctls - BASELINE_SYSCTLS)} are not allowed")
+    for key, value in annotations.items():
+        if str(key).startswith(APPARMOR_ANNOTATION) and not (
+            value in ("", "runtime/default") or str(value).startswith("localhost/")
+        ):
+            found.append(f"task {task}: annotation {key}={value} is not allowed")
+    return found
+
+
+def _baseline_containers(task: str, pod: Mapping[str, Any]) -> list[str]:
+    found = []
+    for c in containers(pod):
+        who = f"task {task}, container {c.get('name')}"
+        sc = _map(c.get("securityContext"))
+        added = {str(a) for a in _seq(_map(sc.get("capabilities")).get("add"))}
+        if added - ALLOWED_CAPABILITIES:
+            found.append(f"{who}: capabilities {sorted(added - ALLOWED_CAPABILITIES)} not allowed")
+        if sc.get("procMount", "Default") != "Default" and pod.get("hostUsers") is not False:
+            found.append(f"{who}: procMount {sc.get('procMount')} is not allowed")
+        if any(_map(p).get("hostPort", 0) != 0 for p in _seq(c.get("ports"))):
+            found.append(f"{who}: hostPort is not allowed")
+        lifecycle = _map(c.get("lifecycle"))
+        for probe in [_map(c.get(k)) for k in PROBES] + [
+            _map(lifecycle.get(k)) for k in ("postStart", "preStop")
+        ]:
+            if any(_map(probe.get(h)).get("host", "") != "" for h in HANDLERS):
+                found.append(f"{who}: a probe or lifecycle handler sets host")
+    return found
+
+
 def no_privileged(job: Mapping[str, Any], cfg: Config) -> list[str]:
     found = []
-    for task, pod in pods(job):
+    tasks = [_map(t) for t in _seq(_map(job.get("spec")).get("tasks"))]
+    annotations = [
+        _map(_map(_map(t.get("template")).get("metadata")).get("annotations")) for t in tasks
+    ]
+    for (task, pod), task_annotations in zip(pods(job), annotations, strict=True):
         for key in ("hostNetwork", "hostPID", "hostIPC"):
             if pod.get(key) is True:
                 found.append(f"task {task}: {key} is not allowed")
@@ -289,6 +406,7 @@ def no_privileged(job: Mapping[str, Any], cfg: Config) -> list[str]:
                 str(path).startswith(p) for p in cfg.allowed_host_paths
             ):
                 found.append(f"task {task}: hostPath {path} is not allow-listed")
+        found += _baseline(task, pod, task_annotations)
     return found
 
 
@@ -331,6 +449,25 @@ def eks_endpoint_not_open(props: Mapping[str, Any], cfg: Config) -> list[str]:
     return []
 
 
+def vpc_cni_network_policy(props: Mapping[str, Any], cfg: Config) -> list[str]:
+    """The managed vpc-cni add-on enforces NetworkPolicy only with `enableNetworkPolicy`
+    (a string in the add-on's configuration schema; see builders/eks.py)."""
+    del cfg
+    if props.get("addonName") != "vpc-cni":
+        return []
+    raw = props.get("configurationValues")
+    try:
+        values = json.loads(raw) if isinstance(raw, str) and raw else {}
+    except ValueError:
+        return ["the vpc-cni add-on's configurationValues are not JSON"]
+    if _map(values).get("enableNetworkPolicy") != "true":
+        return [
+            'the vpc-cni add-on does not set enableNetworkPolicy: "true", so NetworkPolicies '
+            "are accepted but not enforced"
+        ]
+    return []
+
+
 K8S_RULES: tuple[Rule, ...] = (
     Rule("request-limit-ratio", "CPU and memory limits stay within a ratio of requests",
          "set limits at most maxCpuLimitRequestRatio (cpu) and maxMemoryLimitRequestRatio "
@@ -351,11 +488,17 @@ K8S_RULES: tuple[Rule, ...] = (
          "set spec.pool in the job spec", (VOLCANO_JOB,), gpu_placement),
     Rule("own-queue", "a job uses its own team's queue",
          "submit to the queue named like your team namespace", (VOLCANO_JOB,), own_queue),
+    Rule("volcano-scheduled", "a job's pods are scheduled by Volcano in its queue",
+         "leave schedulerName and the pod templates' priorityClassName unset (or "
+         "schedulerName: volcano)", (VOLCANO_JOB,), volcano_scheduled),
     Rule("shm-sized", "/dev/shm is a sized, memory-backed volume",
          "set sharedMemory in the job spec", (VOLCANO_JOB,), shm_sized),
-    Rule("no-privileged", "no privileged containers, host namespaces or unlisted hostPath",
-         "remove privileged/hostNetwork/hostPID/hostIPC and hostPath volumes", (VOLCANO_JOB,),
-         no_privileged),
+    Rule("no-privileged",
+         "no privileged containers, host namespaces or unlisted hostPath; otherwise Pod "
+         "Security baseline, with IPC_LOCK",
+         "remove privileged/hostNetwork/hostPID/hostIPC, hostPath volumes, hostPort, added "
+         "capabilities other than baseline's and IPC_LOCK, and unconfined seccomp, AppArmor or "
+         "SELinux settings", (VOLCANO_JOB,), no_privileged),
 )  # fmt: skip
 AWS_RULES: tuple[Rule, ...] = (
     Rule("imdsv2-required", "launch templates require IMDSv2",
@@ -370,6 +513,9 @@ AWS_RULES: tuple[Rule, ...] = (
     Rule("eks-endpoint-not-open", "production EKS endpoints are not open to the internet",
          "set publicAccessCidrs to your networks, or publicAccess: false",
          ("aws:eks/cluster:Cluster",), eks_endpoint_not_open),
+    Rule("vpc-cni-network-policy", "the vpc-cni add-on enforces NetworkPolicies",
+         'set configurationValues {"enableNetworkPolicy": "true"} (builders/eks.py)',
+         (ADDON,), vpc_cni_network_policy),
 )  # fmt: skip
 RULES: tuple[Rule, ...] = K8S_RULES + AWS_RULES
 
@@ -377,6 +523,7 @@ RULES: tuple[Rule, ...] = K8S_RULES + AWS_RULES
 # -- stack-level rules: S3 buckets and their companion resources -------------------------------
 
 BUCKET = "aws:s3/bucket:Bucket"
+NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 SSE = "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
 PAB = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
 PAB_FLAGS = ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
@@ -432,6 +579,69 @@ def s3_public_access_blocked(
     return found
 
 
+def cni_enforces_network_policy(
+    resources: Sequence[tuple[str, str, Mapping[str, Any]]],
+) -> list[tuple[str, str]]:
+    """NetworkPolicies in a stack that manages no CNI (an existing cluster): nothing here can
+    make them enforced, or check that they are. One finding per stack."""
+    policies = sorted(name for rtype, name, _ in resources if rtype == NETWORK_POLICY)
+    managed = any(
+        rtype == ADDON and _map(props).get("addonName") == "vpc-cni"
+        for rtype, _, props in resources
+    )
+    if not policies or managed:
+        return []
+    return [
+        (
+            policies[0],
+            f"{len(policies)} NetworkPolicies (team isolation) are enforced only if this "
+            "cluster's CNI enforces NetworkPolicy, which trainstack cannot configure or check "
+            "on a cluster it does not create",
+        )
+    ]
+
+
+PERSISTENT_VOLUME = "kubernetes:core/v1:PersistentVolume"
+
+
+def pv_unique_volume_handle(
+    resources: Sequence[tuple[str, str, Mapping[str, Any]]],
+) -> list[tuple[str, str]]:
+    """No two CSI PersistentVolumes of a plan name the same volume.
+
+    The kubelet names a CSI persistent volume `<driver>^<volumeHandle>` and keeps one entry
+    per name (k8s.io/kubernetes@v1.37.2 pkg/volume/csi/csi_plugin.go GetVolumeName,
+    CanDeviceMount; kubelet/volumemanager/cache/desired_state_of_world.go AddPodToVolume):
+    a pod using two such PVs waits for the second forever (kubernetes/kubernetes#91556).
+    """
+    by_volume: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for rtype, name, props in resources:
+        if rtype != PERSISTENT_VOLUME:
+            continue  # the analyzer hands a stack policy every resource
+        csi = _map(_map(props.get("spec")).get("csi"))
+        if not csi:
+            continue
+        key = (str(csi.get("driver")), str(csi.get("volumeHandle")))
+        pv_name = str(_map(props.get("metadata")).get("name", name))
+        by_volume.setdefault(key, []).append((name, pv_name))
+    found = []
+    for (driver, handle), volumes in by_volume.items():
+        if len(volumes) < 2:
+            continue
+        for name, pv_name in volumes:
+            others = ", ".join(sorted(p for n, p in volumes if n != name))
+            found.append(
+                (
+                    name,
+                    f"PersistentVolume {pv_name} has CSI driver {driver} and volumeHandle "
+                    f"{handle!r}, like {others}: the kubelet takes them for one volume "
+                    "(<driver>^<volumeHandle>), so a pod using both never starts "
+                    "(kubernetes/kubernetes#91556)",
+                )
+            )
+    return found
+
+
 STACK_RULES: tuple[StackRule, ...] = (
     StackRule("s3-encrypted", "S3 buckets are encrypted at rest",
               "add a BucketServerSideEncryptionConfiguration (aws:kms)", s3_encrypted,
@@ -439,4 +649,16 @@ STACK_RULES: tuple[StackRule, ...] = (
     StackRule("s3-public-access-blocked", "S3 buckets block public access",
               "add a BucketPublicAccessBlock with all four settings true",
               s3_public_access_blocked, (BUCKET, PAB)),
+    StackRule("cni-enforces-network-policy",
+              "NetworkPolicies are enforced by the cluster's CNI",
+              "make sure the cluster's CNI enforces NetworkPolicy (Calico, Cilium, or the VPC "
+              "CNI with enableNetworkPolicy): README, Existing clusters",
+              cni_enforces_network_policy,
+              (NETWORK_POLICY, ADDON), level="advisory"),
+    StackRule("pv-unique-volume-handle",
+              "no two CSI PersistentVolumes share a driver and volumeHandle",
+              "give every PersistentVolume its own volumeHandle; for the platform's Lustre on "
+              "an existing cluster put {team} into storage.existingLustre.volumeHandle if the "
+              "CSI driver reads the file system from volumeAttributes (docs/architecture.md, "
+              "Storage)", pv_unique_volume_handle, (PERSISTENT_VOLUME,)),
 )  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainstack.config.model import PlatformConfig
-from trainstack.policy.rules import RULES, STACK_RULES, Config
+from trainstack.policy.rules import RULES, STACK_RULES, Config, Rule, StackRule
 
 
 def pack_config(cfg: PlatformConfig) -> dict[str, Any]:
@@ -23,8 +23,9 @@ def pack_config(cfg: PlatformConfig) -> dict[str, Any]:
 
 
 def levels(cfg: PlatformConfig) -> dict[str, str]:
-    names = {r.name for r in RULES} | {r.name for r in STACK_RULES}
-    return {name: "advisory" if name in cfg.policy.advisory else "mandatory" for name in names}
+    """`policy.advisory` lowers rules to advisory; the others keep their own default level."""
+    rules: list[Rule | StackRule] = [*RULES, *STACK_RULES]
+    return {r.name: "advisory" if r.name in cfg.policy.advisory else r.level for r in rules}
 
 
 def rule_config(cfg: PlatformConfig) -> Config:

@@ -35,6 +35,30 @@ class ResourceRecord:
     urn: str = ""
     resource_id: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # Resource options the engine acts on at update time (options_of): what a plan reader
+    # needs to tell a replacement or a protected resource from an ordinary update.
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def options_of(request: Any) -> dict[str, Any]:
+    """The lifecycle options of a RegisterResourceRequest that were set, in wire names."""
+    if request is None or not hasattr(request, "replaceOnChanges"):
+        return {}
+    options: dict[str, Any] = {}
+    if request.HasField("protect") and request.protect:
+        options["protect"] = True
+    if request.HasField("retainOnDelete") and request.retainOnDelete:
+        options["retainOnDelete"] = True
+    if request.deleteBeforeReplace:
+        options["deleteBeforeReplace"] = True
+    if request.replaceOnChanges:
+        options["replaceOnChanges"] = sorted(request.replaceOnChanges)
+    if request.HasField("replacement_trigger"):
+        value = request.replacement_trigger  # a google.protobuf.Value
+        kind = value.WhichOneof("kind")
+        scalar = kind in ("string_value", "number_value", "bool_value")
+        options["replacementTrigger"] = getattr(value, kind) if scalar else str(value)
+    return options
 
 
 def _digest(*parts: str, length: int = 32) -> str:
@@ -69,6 +93,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
             parent_urn=getattr(request, "parent", "") or "",
             provider=args.provider or "",
             dependencies=sorted(getattr(request, "dependencies", []) or []),
+            options=options_of(request),
         )
         self.tls.record = record
         self.records.append(record)

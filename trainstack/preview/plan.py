@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,7 @@ class Resource:
     custom: bool
     inputs: dict[str, Any]
     dependencies: tuple[str, ...]
+    options: dict[str, Any] = field(default_factory=dict)  # mocks.options_of
 
     @property
     def ref(self) -> str:
@@ -93,6 +94,8 @@ class Resource:
         doc["custom"] = self.custom
         if self.dependencies:
             doc["dependencies"] = list(self.dependencies)
+        if self.options:
+            doc["options"] = self.options
         doc["inputs"] = self.inputs
         return doc
 
@@ -109,6 +112,7 @@ def _resource(record: ResourceRecord) -> Resource:
         custom=record.custom,
         inputs=normalise(record.inputs),
         dependencies=tuple(sorted(_urn_ref(d) for d in record.dependencies)),
+        options=record.options,
     )
 
 

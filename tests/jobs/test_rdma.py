@@ -1,0 +1,118 @@
+"""RDMA pools on existing clusters (issue 15): what a job's pods get, and what admits them.
+
+The NVIDIA Network Operator's pods on the RDMA shared device plugin request
+`rdma/<resourceName>`, add IPC_LOCK and name their secondary network in
+`k8s.v1.cni.cncf.io/networks` (Mellanox/network-operator v25.7.0 example/rdma-gpu-test-pod1.yml;
+Mellanox/network-operator-docs v25.7.0 docs/deployment-guide-kubernetes.rst). IPC_LOCK is not
+among the capabilities Pod Security `baseline` allows (k8s.io/pod-security-admission v0.37.2
+policy/check_capabilities_baseline.go), so the namespaces of teams on such pools enforce
+`privileged` and the `no-privileged` rule holds their jobs to baseline plus IPC_LOCK.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from tests.conftest import ROOT
+from tests.policy.cel import evaluate
+from tests.policy.test_equivalence import CONFIG
+from trainstack import outputs as out
+from trainstack.builders.fabric import NETWORKS_ANNOTATION
+from trainstack.jobs.platform import PlatformView
+from trainstack.jobs.render import render
+from trainstack.jobs.spec import load_job
+from trainstack.policy.admission import POLICY_PREFIX, admission_policies
+from trainstack.policy.rules import ALLOWED_CAPABILITIES, BASELINE_CAPABILITIES, K8S_RULES
+from trainstack.preview.plan import Plan, normalise
+
+DEMO = ROOT / "job_specs" / "vision" / "demo-train.yaml"
+PS = ROOT / "job_specs" / "vision" / "embeddings-ps.yaml"
+PSS_ENFORCE = "pod-security.kubernetes.io/enforce"
+
+
+@pytest.fixture(scope="module")
+def roce_job(example_plans: dict[str, Plan]) -> dict[str, Any]:
+    spec = dataclasses.replace(load_job(DEMO), team="speech", pool="a100-roce")
+    return render(spec, PlatformView(example_plans["onprem"].outputs), "speech")
+
+
+def templates(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {t["name"]: t["template"] for t in job["spec"]["tasks"]}
+
+
+def test_roce_replicas_attach_to_the_fabric_and_lock_memory(roce_job: dict[str, Any]) -> None:
+    """Before issue 15 the pods had no secondary network, no IPC_LOCK, and NCCL's bootstrap
+    pointed at the host's bond0."""
+    for name, template in templates(roce_job).items():
+        assert template["metadata"]["annotations"] == {NETWORKS_ANNOTATION: "default/roce-net"}
+        trainer = template["spec"]["containers"][0]
+        assert trainer["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}, name
+        env = {e["name"]: e["value"] for e in trainer["env"]}
+        assert env["NCCL_SOCKET_IFNAME"] == "eth0"  # bootstrap on the pod network
+        assert env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"  # RDMA on the HCAs
+        assert trainer["resources"]["limits"]["rdma/rdma_shared_device_a"] == "1"
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, **template["metadata"]},
+            "spec": template["spec"],
+        }
+        kubernetes_validate.validate(normalise(pod), "1.31", strict=True)
+
+
+def test_parameter_servers_get_neither(example_plans: dict[str, Plan]) -> None:
+    """Parameter servers hold no RDMA device: no capability, no secondary network."""
+    spec = dataclasses.replace(load_job(PS), team="speech", pool="a100-roce", priority="normal")
+    job = render(spec, PlatformView(example_plans["onprem"].outputs), "speech")
+    ps = templates(job)["ps"]
+    assert "annotations" not in ps["metadata"]
+    assert "securityContext" not in ps["spec"]["containers"][0]
+    assert "securityContext" in templates(job)["worker"]["spec"]["containers"][0]
+
+
+def test_every_rule_and_its_admission_policy_admit_the_roce_job(
+    roce_job: dict[str, Any],
+) -> None:
+    policies = {
+        m["metadata"]["name"].removeprefix(POLICY_PREFIX): m
+        for m in admission_policies(CONFIG, "test")
+        if m["kind"] == "ValidatingAdmissionPolicy"
+    }
+    namespace = {"metadata": {"name": "speech", "annotations": {}}}
+    job = normalise(roce_job)
+    for rule in K8S_RULES:
+        if rule.name in ("pinned-images", "max-duration"):
+            continue  # the equivalence table's registry and team settings, not onprem's
+        assert rule.check(job, CONFIG) == [], rule.name
+        assert evaluate(policies[rule.name], job, namespace), rule.name
+
+
+def namespaces(plan: Plan) -> dict[str, dict[str, str]]:
+    return {
+        obj["metadata"]["name"]: obj["metadata"]["labels"]
+        for _, obj in plan.kubernetes_objects()
+        if obj["kind"] == "Namespace"
+    }
+
+
+def test_pod_security_level_admits_what_the_pools_add(example_plans: dict[str, Plan]) -> None:
+    """Every team namespace enforces a Pod Security level that admits the capabilities its
+    pools' pods add: baseline unless a pool adds one baseline lacks (IPC_LOCK), privileged
+    then; and the `no-privileged` admission rule allows every such capability."""
+    seen = set()
+    for stack, plan in example_plans.items():
+        pools = {p["name"]: p for p in plan.outputs.get(out.GPU_POOLS, [])}
+        labels = namespaces(plan)
+        for name, team in out.team_slices(plan.outputs).items():
+            allowed = team["scheduling"]["pools"]
+            added = {c for p in allowed for c in pools[p]["profile"].get("capabilities", [])}
+            assert added <= ALLOWED_CAPABILITIES, (stack, name)
+            level = labels[name][PSS_ENFORCE]
+            assert level == ("baseline" if added <= BASELINE_CAPABILITIES else "privileged")
+            seen.add((stack, name, level))
+    assert ("onprem", "speech", "privileged") in seen
+    assert ("prod", "vision", "baseline") in seen

@@ -1,0 +1,65 @@
+"""How a Volcano Job lives: what ends or restarts it, how retries count, what can change in
+place. Each rule is Volcano's behaviour at v1.15.1, cited where it is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from trainstack_runtime import contract
+
+# Exit code -> Volcano action: retryable classes restart (and resume from the last
+# checkpoint), fatal ones stop the job; a deadline ends it for good.
+EXIT_ACTIONS: dict[int, str] = {
+    **{int(code): "RestartJob" for code in contract.RETRYABLE},
+    **{int(code): "AbortJob" for code in contract.FATAL},
+    int(contract.ExitCode.DEADLINE_EXCEEDED): "TerminateJob",
+}
+
+
+def volcano_max_retry(retries: int) -> int:
+    """Volcano's `maxRetry` that gives `retries` restarts after the first run.
+
+    A RestartJob counts one (state/running.go: `status.RetryCount++`) and the restarting
+    state fails the job once `RetryCount >= maxRetry` (state/restarting.go, Volcano v1.15.1),
+    so `maxRetry: N` allows N-1 restarts. Every RestartJob counts, whatever caused it: an exit
+    code, a `PodEvicted` (preemption, reclaim, node drain) or the peers of an evicted pod
+    exiting `peer_lost`. Volcano has no restart that does not count, so preemptions use up
+    retries too (docs/jobs.md).
+    """
+    return retries + 1
+
+
+# What Volcano's webhook lets an update of a Job change: everything else under `spec` is
+# refused ("job updates may not change fields other than ...", and adding or removing a task:
+# v1.15.1 pkg/webhooks/admission/jobs/validate/admit_job.go, validateJobUpdate).
+UPDATABLE_JOB_FIELDS = ("minAvailable", "priorityClassName")
+UPDATABLE_TASK_FIELDS = ("replicas", "minAvailable")
+
+
+def fixed_part(job: dict[str, Any]) -> dict[str, Any]:
+    """The part of a Job's spec that Volcano never updates in place (task count included)."""
+    fixed = {k: v for k, v in job.items() if k not in UPDATABLE_JOB_FIELDS}
+    fixed["tasks"] = [
+        {k: v for k, v in task.items() if k not in UPDATABLE_TASK_FIELDS}
+        for task in job.get("tasks", [])
+    ]
+    return fixed
+
+
+def replacement_key(job: dict[str, Any]) -> str:
+    """Changes exactly when an update of the Job would be refused, so Pulumi replaces it then
+    (TrainingJob's `replacementTrigger`) and updates it in place otherwise."""
+    canonical = json.dumps(fixed_part(job), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+# Volcano's mutating webhook fills a task's `maxRetry` with 3 when it is unset, at creation
+# only (v1.15.1 pkg/webhooks/admission/jobs/mutate/mutate_job.go, mutateSpec). Server-side
+# apply attributes that default to the applier, so a later apply without it removes it and
+# Volcano refuses the update as a change of the task. Rendering the default itself keeps an
+# in-place update (replicas, priority) an update. It bounds container restarts of a task's
+# running pods (pkg/controllers/cache/cache.go TaskFailed), which restartPolicy Never rules out.
+TASK_MAX_RETRY = 3
