@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from trainstack.builders import scheduling as s
 from trainstack.builders.pools import fabric_profile
 from trainstack.config import ConfigError, PlatformConfig, parse_stack_config
-from trainstack.config.model import Team
 
 POOLS = [
     {
@@ -120,21 +119,104 @@ def test_every_dimension_is_covered_for_the_teams_pools() -> None:
     assert quotas["capability"]["nvidia.com/gpu"] == "16"
 
 
-def test_hierarchy_sums_children_and_links_parents() -> None:
-    groups = [{"name": "research", "owners": ["r@example.com"], "quota": {"gpus": 16}}]
+def test_hierarchy_carries_envelopes_and_links_parents() -> None:
+    """Issue 15 #5: the organisation carries what the pools provide and a group its quota, so
+    a team's quota change touches its own queue only (test_a_team_quota_change_...)."""
+    groups = [
+        {"name": "research", "owners": ["r@example.com"], "quota": {"gpus": 16}},
+        {"name": "product", "owners": ["p@example.com"]},
+    ]
     teams = [
         {**team("a", 8, ["h100"], deserved=10), "group": "research"},
         {**team("b", 4, ["h100"]), "group": "research"},
-        team("c", 4, ["h200"]),
+        team("c", 2, ["h200"]),
+        {**team("d", 2, ["h200"], deserved=3), "group": "product"},
     ]
     queues = {q["metadata"]["name"]: q["spec"] for q in s.queues(config(teams, groups))}
-    assert set(queues) == {"trainstack", "group-research", "a", "b", "c"}
+    assert set(queues) == {"trainstack", "group-research", "group-product", "a", "b", "c", "d"}
     assert queues["trainstack"]["parent"] == "root"
     assert queues["group-research"]["parent"] == "trainstack"
     assert (queues["a"]["parent"], queues["c"]["parent"]) == ("group-research", "trainstack")
-    assert queues["group-research"]["guarantee"]["resource"]["nvidia.com/gpu"] == "12"
-    assert queues["group-research"]["deserved"]["nvidia.com/gpu"] == "14"
-    assert queues["trainstack"]["guarantee"]["resource"]["nvidia.com/gpu"] == "16"
+
+    def gpus(queue: str, level: str) -> int:
+        spec = queues[queue]
+        values = spec["guarantee"]["resource"] if level == "guarantee" else spec[level]
+        return int(values["nvidia.com/gpu"])
+
+    # research: its quota, 16 (teams: 12); deserved the larger of 16 and 10 + 4
+    assert (gpus("group-research", "guarantee"), gpus("group-research", "deserved")) == (16, 16)
+    # product has no quota: the sums of its one team
+    assert (gpus("group-product", "guarantee"), gpus("group-product", "deserved")) == (2, 3)
+    # the organisation: firm capacity (h100 16 + h200 8), all of it (with 16 spot l40s)
+    assert (gpus("trainstack", "guarantee"), gpus("trainstack", "deserved")) == (24, 40)
+    assert gpus("trainstack", "capability") == gpus("group-research", "capability") == 40
+
+
+def _children_fit(queues: list[dict[str, Any]]) -> list[str]:
+    """What Volcano's queue webhook checks (v1.15.1 validate_queue.go): the children's sums of
+    guarantee and deserved within the parent's, no child's capability above its parent's."""
+    by_name = {q["metadata"]["name"]: q["spec"] for q in queues}
+    found = []
+    for name, parent in by_name.items():
+        children = [c for c in by_name.values() if c.get("parent") == name]
+        for level in ("guarantee", "deserved"):
+
+            def values(spec: dict[str, Any], level: str = level) -> dict[str, str]:
+                found_values: dict[str, str] = (
+                    spec["guarantee"]["resource"] if level == "guarantee" else spec[level]
+                )
+                return found_values
+
+            for dim in {d for c in children for d in values(c)}:
+                total = sum(quantity(values(c).get(dim, "0")) for c in children)
+                if total > quantity(values(parent).get(dim, "0")):
+                    found.append(f"{name}: children's {level} {dim} {total}")
+        for child in children:
+            for dim, amount in child["capability"].items():
+                if quantity(amount) > quantity(parent["capability"].get(dim, amount)):
+                    found.append(f"{name}: a child's capability {dim}")
+    return found
+
+
+@pytest.mark.parametrize("group_quota", [None, 16])
+@pytest.mark.parametrize("delta", [2, -2])
+def test_a_team_quota_change_touches_only_its_queue(group_quota: int | None, delta: int) -> None:
+    """Within its group's quota (or without a group), a team's guarantee and deserved change
+    its own queue only, so the order the engine lands updates in cannot matter (issue 15 #5).
+    Without a group quota the group carries its teams' sums and changes with them."""
+    groups = [{"name": "research", "owners": ["r@example.com"]}]
+    if group_quota is not None:
+        groups[0]["quota"] = {"gpus": group_quota, "deserved": 20}
+
+    def registry(change: int) -> list[dict[str, Any]]:
+        return [
+            {**team("a", 8 + change, ["h100"], deserved=10 + change), "group": "research"},
+            {**team("b", 4, ["h100"]), "group": "research"},
+            team("c", 4 + change, ["h200"], deserved=6 + change),  # in no group
+        ]
+
+    before = s.queues(config(registry(0), groups))
+    after = s.queues(config(registry(delta), groups))
+    changed = {q["metadata"]["name"] for q in after if q not in before}
+    expected = {"a", "c"} if group_quota is not None else {"a", "c", "group-research"}
+    assert changed == expected
+    assert not _children_fit(before)
+    assert not _children_fit(after)
+
+
+def test_group_envelopes_must_fit_the_pools() -> None:
+    groups = [{"name": "research", "owners": ["r@example.com"], "quota": {"gpus": 24}}]
+    teams = [{**team("a", 8, ["h100"]), "group": "research"}, team("c", 4, ["h200"])]
+    with pytest.raises(ConfigError) as err:
+        config(teams, groups)
+    assert (
+        "group guarantees exceed capacity: group research (24) + c (4) = 28, but all pools "
+        "provide 24 firm GPUs" in str(err.value)
+    )
+    groups[0]["quota"] = {"gpus": 8, "deserved": 6}
+    with pytest.raises(ConfigError) as err:
+        config(teams, groups)
+    assert "group research deserves 6 GPUs but its guarantee is 8" in str(err.value)
 
 
 def test_flat_mode_uses_proportion_and_no_parents() -> None:
@@ -273,11 +355,8 @@ def test_arithmetic_accepts_exactly_the_feasible_registries(
                 <= quantity(spec["deserved"][dim])
                 <= quantity(spec["capability"][dim])
             )
-    members: list[Team] = list(cfg.registry.teams)
-    org = next(q for q in s.queues(cfg) if q["metadata"]["name"] == s.ORG_QUEUE)["spec"]
-    assert quantity(org["guarantee"]["resource"]["nvidia.com/gpu"]) == sum(
-        t.quota.gpus for t in members
-    )
+    # Volcano's queue webhook accepts the hierarchy the checks accepted.
+    assert not _children_fit(s.queues(cfg))
 
 
 def quantity(value: str) -> int:

@@ -136,6 +136,33 @@ def test_quota_cut_is_reported_per_team(preview: Preview, prod_base: dict[str, A
     assert "| guaranteed | 96 | 88 |" in markdown
 
 
+@pytest.mark.parametrize("both", [True, False], ids=["group-and-team", "team-first"])
+def test_lowering_a_group_with_its_team_is_flagged(
+    preview: Preview, prod_base: dict[str, Any], both: bool
+) -> None:
+    """Issue 15 #5: the engine lands a parent queue before its children, and Volcano refuses
+    a parent lowered below its children's current values; lowering the team alone first, then
+    the group, passes."""
+    head_text = replace_once(
+        PROD,
+        "quota: {gpus: 32, deserved: 40, borrowLimit: 24, weight: 2}",
+        "quota: {gpus: 16, deserved: 24, borrowLimit: 24, weight: 2}",
+    )
+    if both:
+        head_text = replace_once(
+            head_text, "quota: {gpus: 88, deserved: 104}", "quota: {gpus: 64, deserved: 80}"
+        )
+    diff, markdown = report_for(prod_base, preview("prod", prod=head_text))
+    over = sorted((c.name.split(":")[0], c.need, c.available) for c in diff.capacity.over)
+    if both:
+        # research's teams hold 80 guaranteed and 96 deserved until vision's update lands
+        assert over == [("queue group-research", 80, 64), ("queue group-research", 96, 80)]
+        assert "⛔" in markdown
+        assert "lower the teams in an earlier update" in markdown
+    else:
+        assert not over, over
+
+
 def test_pool_shrink_below_guarantees_is_flagged(
     preview: Preview, prod_base: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,6 +19,7 @@ from trainstack.jobs.spec import build
 
 EXIT_CODE = "e2e.trainstack.io/exit-code"
 EXIT_AFTER = "e2e.trainstack.io/exit-after"
+EVICT_AFTER = "e2e.trainstack.io/evict-after"  # kwok-stages.yaml: pod-evicted
 VOLCANO_JOB = ("batch.volcano.sh/v1alpha1", "Job")
 
 

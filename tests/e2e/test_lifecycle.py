@@ -19,7 +19,7 @@ from trainstack_runtime.contract import ExitCode
 from tests.e2e import jobs
 from tests.e2e.conftest import Deployed
 from tests.e2e.kube import ApiError, wait_for
-from trainstack.jobs.lifecycle import EXIT_ACTIONS, replacement_key
+from trainstack.jobs.lifecycle import EXIT_ACTIONS, SIGNAL_EXITS, replacement_key
 
 # The phases each action leads to (Volcano pkg/controllers/job/state/*.go). Aborting and
 # Terminating become Aborted and Terminated on the job's next sync once no pod is alive
@@ -111,7 +111,8 @@ def _classes() -> list[Any]:
     """One case per documented class: ok, each fatal code, the deadline, retryable codes."""
     cases = [pytest.param(0, ("Completed",), id="0-ok")]
     for code, action in sorted(EXIT_ACTIONS.items()):
-        name = ExitCode(code).name.lower().replace("_", "-")
+        name = (SIGNAL_EXITS[code] if code in SIGNAL_EXITS else ExitCode(code).name).lower()
+        name = name.replace("_", "-")
         cases.append(pytest.param(code, PHASE_AFTER[action], id=f"{code}-{name}-{action}"))
     return cases
 
@@ -165,3 +166,20 @@ def test_max_retries_n_gives_n_retries(clean: Deployed, retries: int) -> None:
         time.sleep(0.2)
     assert jobs.phase(clean, job) == "Failed"
     assert len(runs) == 1 + retries, f"{len(runs)} runs for maxRetries: {retries}"
+
+
+def test_a_kubelet_eviction_restarts_the_job(clean: Deployed) -> None:
+    """Issue 15 (also check): the kubelet evicts a pod for node pressure by failing it
+    (phase Failed, reason Evicted), which Volcano reports as PodFailed, not PodEvicted, and
+    with no terminated container as exit code 0 (job_controller_handler.go updatePod). Only
+    the `PodFailed → RestartJob` policy acts on it; before it the job kept waiting."""
+    job = _small(clean, "evicted")
+    for task in job["spec"]["tasks"]:
+        meta = task["template"].setdefault("metadata", {})
+        meta.setdefault("annotations", {})[jobs.EVICT_AFTER] = "1s"
+    jobs.submit(clean, job)
+    wait_for(
+        "the evicted job to be restarted",
+        lambda: jobs.live(clean, job).get("status", {}).get("retryCount", 0) >= 1,
+        timeout=60,
+    )

@@ -145,6 +145,34 @@ def test_policies_by_exit_code(view: PlatformView) -> None:
     assert all("event" not in p for p in policies if "exitCode" in p)  # Volcano: never both
 
 
+def test_finished_jobs_are_not_collected(view: PlatformView) -> None:
+    """Issue 15 (also check): with a TTL, Volcano's collector deleted a finished job the team
+    stack manages and the next `pulumi up` after a refresh ran it again; Aborted jobs were
+    never collected at all (garbagecollector.go isJobFinished). See jobs/lifecycle.py."""
+    assert "ttlSecondsAfterFinished" not in job(load_job(DEMO), view)["spec"]
+
+
+@pytest.mark.parametrize(
+    ("code", "action"),
+    [(139, "RestartJob"), (143, "RestartJob"), (134, "RestartJob"), (1, "AbortJob"),
+     (0, "RestartJob"), (127, "RestartJob"), (4, "TerminateJob")],
+)  # fmt: skip
+def test_every_failure_has_an_action(view: PlatformView, code: int, action: str) -> None:
+    """Issue 15 (also check): signals the runtime did not catch (128 + n) and failed pods
+    whose code no policy names (a kubelet eviction reports 0) restarted nothing before; now
+    Volcano's first matching policy, in list order (applyPolicies), gives each an action."""
+    policies = job(load_job(DEMO), view)["spec"]["policies"]
+
+    def first_match(event: str, exit_code: int) -> str:
+        for policy in policies:
+            if policy.get("event") == event or (exit_code and policy.get("exitCode") == exit_code):
+                return str(policy["action"])
+        return "SyncJob"  # Volcano's default: the failed pod is not recreated
+
+    assert first_match("PodFailed", code) == action
+    assert first_match("PodEvicted", 0) == "RestartJob"
+
+
 def test_scheduling_probe_grace_and_command(view: PlatformView) -> None:
     pod = job(load_job(DEMO), view)["spec"]["tasks"][0]["template"]["spec"]
     assert pod["restartPolicy"] == "Never"  # exit codes are read from Failed pods only

@@ -22,7 +22,7 @@ from trainstack.builders.pools import (
     placement_group_name,
 )
 from trainstack.config.errors import ConfigIssue
-from trainstack.config.model import GpuPool, PlatformConfig, Team
+from trainstack.config.model import GpuPool, Group, PlatformConfig, Team
 
 VOLCANO_CHART = {
     "chart": "volcano",
@@ -185,6 +185,50 @@ def capacity_issues(cfg: PlatformConfig) -> list[ConfigIssue]:
                     "its children's",
                 )
             )
+        guarantee, _ = group_envelope(cfg, group)
+        members_deserved = sum(t.quota.deserved_gpus for t in children)
+        if group.deserved_gpus is not None and group.deserved_gpus < max(
+            guarantee, members_deserved
+        ):
+            issues.append(
+                ConfigIssue(
+                    f"trainstack:platform.registry.groups[{index}].quota.deserved",
+                    f"group {group.name} deserves {group.deserved_gpus} GPUs but its guarantee "
+                    f"is {guarantee} and its teams {_teams_text(children, 'deserved')} = "
+                    f"{members_deserved}; raise it to at least "
+                    f"{max(guarantee, members_deserved)}",
+                )
+            )
+    issues += _envelope_issues(cfg, caps)
+    return issues
+
+
+def _envelope_issues(cfg: PlatformConfig, caps: dict[str, PoolCapacity]) -> list[ConfigIssue]:
+    """Group quotas with headroom (more than their teams' sums) must still fit the pools: the
+    organisation queue carries what the pools provide (queues), and Volcano's webhook refuses
+    children whose sum exceeds it."""
+    grouped = [g for g in cfg.registry.groups if any(t.group == g.name for t in cfg.registry.teams)]
+    if not caps or not any(g.quota_gpus is not None for g in grouped):
+        return []
+    loose = [t for t in cfg.registry.teams if not t.group]
+    envelopes = {g.name: group_envelope(cfg, g) for g in grouped}
+    firm = sum(c.gpus for c in caps.values() if c.firm)
+    total = sum(c.gpus for c in caps.values())
+    issues = []
+    for at, limit, what in ((0, firm, "guarantees"), (1, total, "deserved shares")):
+        parts = [f"group {name} ({pair[at]})" for name, pair in envelopes.items()]
+        amount = sum(pair[at] for pair in envelopes.values())
+        parts += [f"{t.name} ({t.quota.gpus if at == 0 else t.quota.deserved_gpus})" for t in loose]
+        amount += sum(t.quota.gpus if at == 0 else t.quota.deserved_gpus for t in loose)
+        if amount > limit:
+            kind = "firm GPUs" if at == 0 else "GPUs"
+            issues.append(
+                ConfigIssue(
+                    "trainstack:platform.registry.groups",
+                    f"group {what} exceed capacity: {' + '.join(parts)} = {amount}, but all "
+                    f"pools provide {limit} {kind}; lower the group quotas or grow the pools",
+                )
+            )
     return issues
 
 
@@ -197,8 +241,13 @@ def per_gpu_shape(cfg: PlatformConfig, team: Team) -> dict[str, float]:
     Quotas in GPUs become quotas in every dimension with this shape, so no dimension a
     job requests is left uncovered (a Volcano capacity-plugin pitfall).
     """
+    return pools_shape(cfg, team.pools)
+
+
+def pools_shape(cfg: PlatformConfig, pool_names: tuple[str, ...] | list[str]) -> dict[str, float]:
+    """The largest per-GPU amount of each resource over the named pools."""
     shape: dict[str, float] = {GPU_RESOURCE: 1.0}
-    for name in team.pools:
+    for name in pool_names:
         pool = cfg.pool(name)
         assert pool is not None, "the loader guarantees team pools exist"
         gpus = gpus_per_node(pool)
@@ -242,6 +291,32 @@ def team_quotas(cfg: PlatformConfig, team: Team) -> dict[str, dict[str, str]]:
     }
 
 
+def _max_lists(lists: list[dict[str, str]]) -> dict[str, str]:
+    """Per dimension, the largest of the lists (same units per dimension, as resource_list)."""
+    best: dict[str, tuple[int, str]] = {}
+    for resources in lists:
+        for key, quantity in resources.items():
+            digits = quantity.rstrip("GiM")
+            amount = int(digits)
+            if key not in best or amount > best[key][0]:
+                best[key] = (amount, quantity)
+    return {k: best[k][1] for k in sorted(best)}
+
+
+def group_envelope(cfg: PlatformConfig, group: Group) -> tuple[int, int]:
+    """A group's guarantee and deserved share in GPUs, as its queue carries them."""
+    members = [t for t in cfg.registry.teams if t.group == group.name]
+    guarantee = (
+        group.quota_gpus if group.quota_gpus is not None else sum(t.quota.gpus for t in members)
+    )
+    deserved = (
+        group.deserved_gpus
+        if group.deserved_gpus is not None
+        else max(guarantee, sum(t.quota.deserved_gpus for t in members))
+    )
+    return guarantee, deserved
+
+
 def _sum_lists(lists: list[dict[str, str]]) -> dict[str, str]:
     totals: dict[str, int] = {}
     units: dict[str, str] = {}
@@ -272,7 +347,19 @@ def _queue(
 
 
 def queues(cfg: PlatformConfig) -> list[dict[str, Any]]:
-    """Organisation → group → team queues (hierarchical), or team queues alone (flat)."""
+    """Organisation → group → team queues (hierarchical), or team queues alone (flat).
+
+    Parents carry envelopes, not the sums of their children: Volcano's webhook checks a child
+    against its parent's current guarantee and deserved, and a parent against its children's
+    (validate_queue.go, validateSiblingsSum / validateChildrenConstraints), so with exact sums
+    raising a quota needs the parent to land first and lowering it the children, and no
+    dependency order serves both (issue 15 #5). With envelopes a team's quota changes only
+    its own queue. The organisation carries what the pools provide (firm capacity for the
+    guarantee, all of it for deserved and capability; the capacity checks keep the teams
+    within it); a group carries its configured quota, or the sums when it has none. Each
+    envelope is raised to the children's sum in a dimension where the sum is larger, so the
+    webhook never refuses a hierarchy the checks accepted.
+    """
     hierarchical = cfg.scheduling.queue_mode == "hierarchical"
     team_specs: dict[str, dict[str, Any]] = {}
     for team in cfg.registry.teams:
@@ -289,51 +376,72 @@ def queues(cfg: PlatformConfig) -> list[dict[str, Any]]:
         team_specs[team.name] = spec
     result = []
     if hierarchical:
-        everything = [s["capability"] for s in team_specs.values()]
-        result.append(
-            _queue(
-                cfg,
-                ORG_QUEUE,
-                {
-                    "parent": ROOT_QUEUE,
-                    "reclaimable": False,
-                    "deserved": _sum_lists([s["deserved"] for s in team_specs.values()]),
-                    "guarantee": {
-                        "resource": _sum_lists(
-                            [s["guarantee"]["resource"] for s in team_specs.values()]
-                        )
-                    },
-                    "capability": _sum_lists(everything),
-                },
-                {labels.ROLE: "organisation"},
-            )
+        all_pools = [p.name for p in cfg.gpu_pools]
+        shape = pools_shape(cfg, all_pools)
+        caps = [pool_capacity(p) for p in cfg.gpu_pools]
+        firm = sum(c.gpus for c in caps if c.firm)
+        total = sum(c.gpus for c in caps)
+        capability = _max_lists(
+            [resource_list(shape, total), *(s["capability"] for s in team_specs.values())]
         )
+        group_specs: list[tuple[str, dict[str, Any], dict[str, str]]] = []
         for group in cfg.registry.groups:
-            members = [team_specs[t.name] for t in cfg.registry.teams if t.group == group.name]
+            members = [t for t in cfg.registry.teams if t.group == group.name]
             if not members:
                 continue
-            result.append(
-                _queue(
-                    cfg,
-                    group_queue(group.name),
-                    {
-                        "parent": ORG_QUEUE,
-                        "reclaimable": True,
-                        "deserved": _sum_lists([s["deserved"] for s in members]),
-                        "guarantee": {
-                            "resource": _sum_lists([s["guarantee"]["resource"] for s in members])
-                        },
-                        "capability": _sum_lists([s["capability"] for s in members]),
-                    },
-                    {labels.ROLE: "group", labels.GROUP: group.name},
-                )
+            member_specs = [team_specs[t.name] for t in members]
+            group_shape = pools_shape(cfg, sorted({p for t in members for p in t.pools}))
+            guarantee_gpus, deserved_gpus = group_envelope(cfg, group)
+            spec = _parent_spec(
+                ORG_QUEUE,
+                member_specs,
+                guarantee=resource_list(group_shape, guarantee_gpus),
+                deserved=resource_list(group_shape, deserved_gpus),
+                capability=capability,
             )
+            group_specs.append((group.name, spec, {labels.ROLE: "group", labels.GROUP: group.name}))
+        org_children = [g[1] for g in group_specs] + [
+            team_specs[t.name] for t in cfg.registry.teams if not t.group
+        ]
+        org = _parent_spec(
+            ROOT_QUEUE,
+            org_children,
+            guarantee=resource_list(shape, firm),
+            deserved=resource_list(shape, total),
+            capability=capability,
+        )
+        org["reclaimable"] = False
+        result.append(_queue(cfg, ORG_QUEUE, org, {labels.ROLE: "organisation"}))
+        for name, spec, extra in group_specs:
+            result.append(_queue(cfg, group_queue(name), spec, extra))
     for team in cfg.registry.teams:
         extra = {labels.ROLE: "team", labels.TEAM: team.name}
         if team.group:
             extra[labels.GROUP] = team.group
         result.append(_queue(cfg, team.queue, team_specs[team.name], extra))
     return result
+
+
+def _parent_spec(
+    parent: str,
+    children: list[dict[str, Any]],
+    *,
+    guarantee: dict[str, str],
+    deserved: dict[str, str],
+    capability: dict[str, str],
+) -> dict[str, Any]:
+    """A parent queue's envelope, raised to its children's sum where that is larger."""
+    return {
+        "parent": parent,
+        "reclaimable": True,
+        "deserved": _max_lists([deserved, _sum_lists([c["deserved"] for c in children])]),
+        "guarantee": {
+            "resource": _max_lists(
+                [guarantee, _sum_lists([c["guarantee"]["resource"] for c in children])]
+            )
+        },
+        "capability": capability,
+    }
 
 
 def priority_classes(cfg: PlatformConfig) -> list[dict[str, Any]]:

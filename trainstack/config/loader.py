@@ -460,6 +460,7 @@ def _build_registry(doc: dict[str, Any], pool_names: tuple[str, ...]) -> m.Regis
                 name=g["name"],
                 owners=tuple(g.get("owners", ())),
                 quota_gpus=g["quota"]["gpus"] if "quota" in g else None,
+                deserved_gpus=g.get("quota", {}).get("deserved"),
             )
             for g in doc["groups"]
         ),

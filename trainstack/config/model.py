@@ -32,6 +32,7 @@ class Group:
     name: str
     owners: tuple[str, ...]
     quota_gpus: int | None = None  # guarantee for the whole group; None: sum of its teams
+    deserved_gpus: int | None = None  # fair share of the group; None: derived (queues)
 
 
 @dataclass(frozen=True)

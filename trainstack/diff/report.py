@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from trainstack.builders.fabric import GPU_RESOURCE as GPU
 from trainstack.diff.plans import ABSENT, VOLCANO_JOB, changed_paths, get
 from trainstack.diff.replace import STATEFUL, replacing_paths, trigger_reasons
 from trainstack.outputs import team_slices
@@ -306,7 +307,55 @@ def capacity_section(base: dict[str, Any], head: dict[str, Any]) -> Capacity:
             totals.append(Change(key, base_cap.get(key, ABSENT), head_cap.get(key, ABSENT)))
     before = {c.name: c.ok for c in _checks(base)}
     checks = [Check(c.name, c.need, c.available, c.ok, before.get(c.name)) for c in _checks(head)]
+    checks += _lowering_checks(base, head)
     return Capacity(pools, totals, checks)
+
+
+def _queue_gpus(plan: dict[str, Any]) -> dict[str, tuple[str, dict[str, int]]]:
+    """Queue name -> (parent, GPUs per level: guarantee, deserved) from a plan's Queues."""
+    found: dict[str, tuple[str, dict[str, int]]] = {}
+    for resource in plan["resources"]:
+        if resource.get("type") != QUEUE:
+            continue
+        spec = get(resource, "inputs", "spec", default={}) or {}
+        name = str(get(resource, "inputs", "metadata", "name", default=resource["name"]))
+        levels = {
+            "guarantee": get(spec, "guarantee", "resource", GPU, default="0"),
+            "deserved": get(spec, "deserved", GPU, default="0"),
+        }
+        found[name] = (str(spec.get("parent") or ""), {k: int(v) for k, v in levels.items()})
+    return found
+
+
+def _lowering_checks(base: dict[str, Any], head: dict[str, Any]) -> list[Check]:
+    """A parent queue lowered in this change must still cover its children as they are now.
+
+    Children depend on their parent, so the engine updates the parent first, and Volcano's
+    webhook checks a parent against its children's current guarantee and deserved
+    (validate_queue.go validateChildrenConstraints): a parent lowered below them is refused
+    until the children have been lowered in an earlier update (docs/scheduling.md).
+    """
+    old, new = _queue_gpus(base), _queue_gpus(head)
+    checks: list[Check] = []
+    for name, (_, levels) in sorted(new.items()):
+        if name not in old:
+            continue
+        children = [c for c, (parent, _) in old.items() if parent == name]
+        for level, value in levels.items():
+            if not children or value >= old[name][1][level]:
+                continue
+            current = sum(old[c][1][level] for c in children)
+            checks.append(
+                Check(
+                    f"queue {name}: lowered {level} covers its children's current "
+                    f"{level} (the parent lands first; lower the teams in an earlier update)",
+                    current,
+                    value,
+                    current <= value,
+                    None,
+                )
+            )
+    return checks
 
 
 def _resource_index(plan: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:

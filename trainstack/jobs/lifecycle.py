@@ -12,11 +12,38 @@ from trainstack_runtime import contract
 
 # Exit code -> Volcano action: retryable classes restart (and resume from the last
 # checkpoint), fatal ones stop the job; a deadline ends it for good.
+# A container killed by a signal the runtime did not turn into a code of its own exits
+# 128 + the signal (the runtime itself crashing, or a command that is not a Python entry
+# point): retryable like every code >= 128 (docs/runtime.md). SIGKILL is the contract's 137.
+SIGNAL_EXITS: dict[int, str] = {134: "SIGABRT", 135: "SIGBUS", 139: "SIGSEGV", 143: "SIGTERM"}
 EXIT_ACTIONS: dict[int, str] = {
     **{int(code): "RestartJob" for code in contract.RETRYABLE},
+    **dict.fromkeys(SIGNAL_EXITS, "RestartJob"),
     **{int(code): "AbortJob" for code in contract.FATAL},
     int(contract.ExitCode.DEADLINE_EXCEEDED): "TerminateJob",
 }
+
+
+def lifecycle_policies() -> list[dict[str, Any]]:
+    """The Job's policies, in the order Volcano tries them: the first that matches acts
+    (v1.15.1 job_controller_util.go applyPolicies, one policy at a time, event or exit code).
+
+    - an exit code with a documented action (EXIT_ACTIONS);
+    - `PodEvicted`: the pod was deleted by preemption, reclaim or a drain: restart;
+    - `PodFailed`, anything else: a failed pod whose code no policy names, or none at all: a
+      kubelet eviction for node pressure leaves the pod Failed (reason Evicted), maybe with no
+      terminated container, and Volcano then reports exit code 0 (job_controller_handler.go
+      updatePod reads containerStatuses[0] only). Without this policy the job's default
+      action is SyncJob, which does not recreate the pod (restartPolicy Never): a
+      single-pod job failed, a gang waited for its peers to fail. Restarting is bounded by
+      maxRetries, and fatal codes are matched first.
+    """
+    policies: list[dict[str, Any]] = [
+        {"exitCode": code, "action": action} for code, action in sorted(EXIT_ACTIONS.items())
+    ]
+    policies.append({"event": "PodEvicted", "action": "RestartJob"})
+    policies.append({"event": "PodFailed", "action": "RestartJob"})
+    return policies
 
 
 def volcano_max_retry(retries: int) -> int:
@@ -63,3 +90,11 @@ def replacement_key(job: dict[str, Any]) -> str:
 # in-place update (replicas, priority) an update. It bounds container restarts of a task's
 # running pods (pkg/controllers/cache/cache.go TaskFailed), which restartPolicy Never rules out.
 TASK_MAX_RETRY = 3
+
+
+# No `ttlSecondsAfterFinished`. Volcano's collector deletes Completed, Failed and Terminated
+# jobs after it, but never Aborted ones (v1.15.1 pkg/controllers/garbagecollector
+# isJobFinished), so fatal exits (AbortJob) were kept for ever anyway; and a job the team stack
+# manages that the collector deleted is gone at the next `pulumi refresh`, so the next
+# `pulumi up` creates it again and the training runs a second time. A finished job stays
+# until its spec leaves the team stack (or, submitted with kubectl, until it is deleted).

@@ -18,7 +18,7 @@ from trainstack.builders.scheduling import SVC_PLUGIN_ARGS, priority_class_name
 from trainstack.builders.storage import CHECKPOINTS_MOUNT
 from trainstack.catalog import catalog
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean
-from trainstack.jobs.lifecycle import EXIT_ACTIONS, TASK_MAX_RETRY, volcano_max_retry
+from trainstack.jobs.lifecycle import TASK_MAX_RETRY, lifecycle_policies, volcano_max_retry
 from trainstack.jobs.platform import PlatformView, profile
 from trainstack.jobs.spec import JobSpec, cpu_millis, memory_bytes
 
@@ -28,7 +28,6 @@ CONTAINER = "trainer"
 PYTORCH_PORT = 23456
 CACHE_MOUNT = "/cache"
 CACHE_REQUEST = "100Gi"  # binds any local NVMe volume at least this large
-FINISHED_TTL_SECONDS = 3 * 24 * 3600  # keep finished jobs and their pods for debugging
 TIERS = {"pool": 1, "zone": 2}  # HyperNode tiers (builders/scheduling.hypernodes)
 PYTHONS = ("python", "python3")
 
@@ -483,17 +482,13 @@ def job_spec(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -
             _task(spec, view, PS, spec.parameter_servers.replicas, 0),
             _task(spec, view, WORKER, workers.replicas, workers.gpus),
         ]
-    policies: list[dict[str, Any]] = [
-        {"exitCode": code, "action": action} for code, action in sorted(EXIT_ACTIONS.items())
-    ]
-    policies.append({"event": "PodEvicted", "action": "RestartJob"})  # preemption, node drain
+    policies = lifecycle_policies()
     result: dict[str, Any] = {
         "schedulerName": "volcano",
         "queue": view.scheduling(spec.team).get("queue", spec.team),
         "priorityClassName": priority_class_name(spec.priority),
         "minAvailable": sum(t["replicas"] for t in tasks),  # gang: all or nothing
         "maxRetry": volcano_max_retry(spec.max_retries),
-        "ttlSecondsAfterFinished": FINISHED_TTL_SECONDS,
         "plugins": plugins,
         "policies": policies,
         "tasks": tasks,
