@@ -282,11 +282,26 @@ def resource_list(shape: dict[str, float], gpus: int) -> dict[str, str]:
     return out
 
 
+def share(gpus: int) -> dict[str, str]:
+    """A guarantee or deserved share: GPUs alone (see team_quotas)."""
+    return {GPU_RESOURCE: str(gpus)}
+
+
 def team_quotas(cfg: PlatformConfig, team: Team) -> dict[str, dict[str, str]]:
+    """Guarantee and deserved in GPUs alone; capability in every dimension.
+
+    Volcano's capacity plugin (v1.15.1 plugins/capacity/capacity.go) takes a reclaim victim
+    from a queue only if the queue stays at or above its guarantee in every dimension the
+    guarantee names after the eviction (checkGuaranteeConstraint): a guarantee in CPU, memory
+    and EFA at the pools' full per-GPU shape, which real pods never reach, made every team with
+    a guarantee unreclaimable (issue 16 #1, tests/e2e/test_scheduling.py). A dimension missing
+    from deserved is not compared. The capability keeps every dimension a job may request,
+    so no dimension is left without a limit.
+    """
     shape = per_gpu_shape(cfg, team)
     return {
-        "guarantee": resource_list(shape, team.quota.gpus),
-        "deserved": resource_list(shape, team.quota.deserved_gpus),
+        "guarantee": share(team.quota.gpus),
+        "deserved": share(team.quota.deserved_gpus),
         "capability": resource_list(shape, team.quota.capability_gpus),
     }
 
@@ -390,13 +405,12 @@ def queues(cfg: PlatformConfig) -> list[dict[str, Any]]:
             if not members:
                 continue
             member_specs = [team_specs[t.name] for t in members]
-            group_shape = pools_shape(cfg, sorted({p for t in members for p in t.pools}))
             guarantee_gpus, deserved_gpus = group_envelope(cfg, group)
             spec = _parent_spec(
                 ORG_QUEUE,
                 member_specs,
-                guarantee=resource_list(group_shape, guarantee_gpus),
-                deserved=resource_list(group_shape, deserved_gpus),
+                guarantee=share(guarantee_gpus),
+                deserved=share(deserved_gpus),
                 capability=capability,
             )
             group_specs.append((group.name, spec, {labels.ROLE: "group", labels.GROUP: group.name}))
@@ -406,8 +420,8 @@ def queues(cfg: PlatformConfig) -> list[dict[str, Any]]:
         org = _parent_spec(
             ROOT_QUEUE,
             org_children,
-            guarantee=resource_list(shape, firm),
-            deserved=resource_list(shape, total),
+            guarantee=share(firm),
+            deserved=share(total),
             capability=capability,
         )
         org["reclaimable"] = False
