@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +11,7 @@ import yaml
 
 from tests.conftest import reference_dir
 from tests.e2e import toolchain
+from tests.e2e.tools.gen_replaces import module_download
 
 VOLCANO_KINDS = (
     "batch.volcano.sh_jobs.yaml",
@@ -38,16 +37,10 @@ def _fields(schema: Any, prefix: str = "") -> set[str]:
 
 
 def _module_dir(module: str) -> Path:
-    out = subprocess.run(
-        ["go", "mod", "download", "-json", module],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=tempfile.gettempdir(),
-    )
-    if out.returncode != 0:
-        pytest.skip(f"cannot download {module}: {out.stdout or out.stderr}")
-    return Path(json.loads(out.stdout)["Dir"])
+    try:
+        return Path(module_download(module)["Dir"])
+    except subprocess.CalledProcessError as error:
+        pytest.skip(f"cannot download {module}: {error.stdout or error.stderr}")
 
 
 def test_volcano_apis_v1_14_types_carry_every_v1_15_1_field() -> None:

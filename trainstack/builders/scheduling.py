@@ -114,6 +114,12 @@ def pool_capacity(pool: GpuPool) -> PoolCapacity:
     )
 
 
+def firm_and_total(cfg: PlatformConfig) -> tuple[int, int]:
+    """GPUs of all pools at their maximum size: those that can back a guarantee, and all."""
+    caps = [pool_capacity(p) for p in cfg.gpu_pools]
+    return sum(c.gpus for c in caps if c.firm), sum(c.gpus for c in caps)
+
+
 def capacity_summary(cfg: PlatformConfig) -> dict[str, int]:
     caps = [pool_capacity(p) for p in cfg.gpu_pools]
     summary = {
@@ -162,7 +168,7 @@ def capacity_issues(cfg: PlatformConfig) -> list[ConfigIssue]:
                     )
                 )
                 reported.append(pools)
-    total = sum(c.gpus for c in caps.values())
+    _, total = firm_and_total(cfg)
     deserved = sum(t.quota.deserved_gpus for t in teams)
     if caps and deserved > total:
         issues.append(
@@ -199,34 +205,36 @@ def capacity_issues(cfg: PlatformConfig) -> list[ConfigIssue]:
                     f"{max(guarantee, members_deserved)}",
                 )
             )
-    issues += _envelope_issues(cfg, caps)
+    if caps:
+        issues += _envelope_issues(cfg)
     return issues
 
 
-def _envelope_issues(cfg: PlatformConfig, caps: dict[str, PoolCapacity]) -> list[ConfigIssue]:
+def _envelope_issues(cfg: PlatformConfig) -> list[ConfigIssue]:
     """Group quotas with headroom (more than their teams' sums) must still fit the pools: the
     organisation queue carries what the pools provide (queues), and Volcano's webhook refuses
     children whose sum exceeds it."""
     grouped = [g for g in cfg.registry.groups if any(t.group == g.name for t in cfg.registry.teams)]
-    if not caps or not any(g.quota_gpus is not None for g in grouped):
-        return []
-    loose = [t for t in cfg.registry.teams if not t.group]
+    if not any(g.quota_gpus is not None for g in grouped):
+        return []  # every group carries its teams' sums: the team checks above cover them
     envelopes = {g.name: group_envelope(cfg, g) for g in grouped}
-    firm = sum(c.gpus for c in caps.values() if c.firm)
-    total = sum(c.gpus for c in caps.values())
+    loose = [t for t in cfg.registry.teams if not t.group]
+    firm, total = firm_and_total(cfg)
     issues = []
-    for at, limit, what in ((0, firm, "guarantees"), (1, total, "deserved shares")):
-        parts = [f"group {name} ({pair[at]})" for name, pair in envelopes.items()]
-        amount = sum(pair[at] for pair in envelopes.values())
-        parts += [f"{t.name} ({t.quota.gpus if at == 0 else t.quota.deserved_gpus})" for t in loose]
-        amount += sum(t.quota.gpus if at == 0 else t.quota.deserved_gpus for t in loose)
+    for at, limit, what, kind in (
+        (0, firm, "guarantees", "firm GPUs"),
+        (1, total, "deserved shares", "GPUs"),
+    ):
+        amounts = {f"group {name}": pair[at] for name, pair in envelopes.items()}
+        amounts |= {t.name: (t.quota.gpus, t.quota.deserved_gpus)[at] for t in loose}
+        amount = sum(amounts.values())
         if amount > limit:
-            kind = "firm GPUs" if at == 0 else "GPUs"
+            parts = " + ".join(f"{name} ({gpus})" for name, gpus in amounts.items())
             issues.append(
                 ConfigIssue(
                     "trainstack:platform.registry.groups",
-                    f"group {what} exceed capacity: {' + '.join(parts)} = {amount}, but all "
-                    f"pools provide {limit} {kind}; lower the group quotas or grow the pools",
+                    f"group {what} exceed capacity: {parts} = {amount}, but all pools provide "
+                    f"{limit} {kind}; lower the group quotas or grow the pools",
                 )
             )
     return issues
@@ -238,8 +246,8 @@ def _envelope_issues(cfg: PlatformConfig, caps: dict[str, PoolCapacity]) -> list
 def per_gpu_shape(cfg: PlatformConfig, team: Team) -> dict[str, float]:
     """The largest per-GPU amount of each resource a job may request on the team's pools.
 
-    Quotas in GPUs become quotas in every dimension with this shape, so no dimension a
-    job requests is left uncovered (a Volcano capacity-plugin pitfall).
+    The capability in GPUs becomes a capability in every dimension with this shape, so no
+    dimension a job requests is left without a limit (guarantee and deserved: team_quotas).
     """
     return pools_shape(cfg, team.pools)
 
@@ -306,16 +314,20 @@ def team_quotas(cfg: PlatformConfig, team: Team) -> dict[str, dict[str, str]]:
     }
 
 
+def _split(quantity: str) -> tuple[int, str]:
+    """`16384Gi` -> (16384, "Gi"): the whole numbers and units resource_list writes."""
+    digits = quantity.rstrip("GiM")
+    return int(digits), quantity[len(digits) :]
+
+
 def _max_lists(lists: list[dict[str, str]]) -> dict[str, str]:
     """Per dimension, the largest of the lists (same units per dimension, as resource_list)."""
-    best: dict[str, tuple[int, str]] = {}
+    best: dict[str, str] = {}
     for resources in lists:
         for key, quantity in resources.items():
-            digits = quantity.rstrip("GiM")
-            amount = int(digits)
-            if key not in best or amount > best[key][0]:
-                best[key] = (amount, quantity)
-    return {k: best[k][1] for k in sorted(best)}
+            if key not in best or _split(quantity)[0] > _split(best[key])[0]:
+                best[key] = quantity
+    return {k: best[k] for k in sorted(best)}
 
 
 def group_envelope(cfg: PlatformConfig, group: Group) -> tuple[int, int]:
@@ -337,9 +349,8 @@ def _sum_lists(lists: list[dict[str, str]]) -> dict[str, str]:
     units: dict[str, str] = {}
     for resources in lists:
         for key, quantity in resources.items():
-            digits = quantity.rstrip("GiM")
-            units[key] = quantity[len(digits) :]
-            totals[key] = totals.get(key, 0) + int(digits)
+            amount, units[key] = _split(quantity)
+            totals[key] = totals.get(key, 0) + amount
     return {k: f"{totals[k]}{units[k]}" for k in sorted(totals)}
 
 
@@ -391,11 +402,8 @@ def queues(cfg: PlatformConfig) -> list[dict[str, Any]]:
         team_specs[team.name] = spec
     result = []
     if hierarchical:
-        all_pools = [p.name for p in cfg.gpu_pools]
-        shape = pools_shape(cfg, all_pools)
-        caps = [pool_capacity(p) for p in cfg.gpu_pools]
-        firm = sum(c.gpus for c in caps if c.firm)
-        total = sum(c.gpus for c in caps)
+        shape = pools_shape(cfg, [p.name for p in cfg.gpu_pools])
+        firm, total = firm_and_total(cfg)
         capability = _max_lists(
             [resource_list(shape, total), *(s["capability"] for s in team_specs.values())]
         )
