@@ -1,8 +1,8 @@
-"""Volcano builders: capacity arithmetic (with property tests), queues, scheduler config."""
+"""Volcano builders: queues (with property tests), scheduler config, HyperNodes. The capacity
+arithmetic itself: tests/config/test_capacity.py."""
 
 from __future__ import annotations
 
-import itertools
 import re
 from pathlib import Path
 from typing import Any
@@ -23,14 +23,18 @@ POOLS = [
         "fabric": "efa",
         "availabilityZone": "us-east-1a",
         "size": {"max": 2},
-        "capacity": {"type": "reservation", "reservationId": "cr-0a1b2c3d4e5f60718"},
+        "capacity": {
+            "type": "reservation",
+            "reservationId": "cr-0a1b2c3d4e5f60718",
+            "instanceCount": 2,
+        },
     },
     {
         "name": "h200",
         "instanceType": "p5en.48xlarge",
         "fabric": "efa",
         "availabilityZone": "us-east-1b",
-        "size": {"max": 1},
+        "size": {"min": 1, "max": 1},
     },
     {
         "name": "l40s",
@@ -74,28 +78,24 @@ def team(name: str, gpus: int, pools: list[str], **quota: Any) -> dict[str, Any]
     }
 
 
-def test_hall_condition_catches_a_shared_pool_oversubscription() -> None:
-    # each team alone fits in h100 (16), together they do not
-    with pytest.raises(ConfigError) as caught:
-        config([team("a", 10, ["h100"]), team("b", 10, ["h100"]), team("c", 4, ["h200"])])
-    messages = [str(i) for i in caught.value.issues]
-    assert messages == [
-        "trainstack:platform.registry.teams: guarantees exceed capacity: a (10) + b (10) = 20 GPUs,"
-        " but pools h100 provide 16 firm GPUs; lower the guarantees or grow the pools"
-    ]
-
-
-def test_team_spanning_pools_may_use_their_union() -> None:
+def test_the_summary_counts_firm_and_elastic_gpus() -> None:
     cfg = config([team("a", 20, ["h100", "h200"]), team("b", 4, ["h200"])])
-    assert s.capacity_summary(cfg) == {
-        "reserved": 16,
-        "onDemand": 8,
-        "spot": 16,
-        "existing": 0,
+    out = s.scheduling_output(cfg)["capacity"]
+    assert {k: out[k] for k in ("firm", "elastic", "total", "guaranteed", "deserved")} == {
+        "firm": 24,
+        "elastic": 16,
         "total": 40,
         "guaranteed": 24,
         "deserved": 24,
     }
+    assert out["pools"]["l40s"] == {
+        "kind": "spot",
+        "firm": 0,
+        "elastic": 16,
+        "why": "spot: EC2 can reclaim it",
+    }
+    # per dimension: what the pools hold (p5 2 x 32 EFA + p5en 1 x 16), Σ capabilities
+    assert out["dimensions"]["vpc.amazonaws.com/efa"] == {"cluster": "80", "capabilities": "88"}
 
 
 def test_every_dimension_is_capped_and_shares_are_in_gpus() -> None:
@@ -153,7 +153,10 @@ def test_hierarchy_carries_envelopes_and_links_parents() -> None:
     assert (gpus("group-product", "guarantee"), gpus("group-product", "deserved")) == (2, 3)
     # the organisation: firm capacity (h100 16 + h200 8), all of it (with 16 spot l40s)
     assert (gpus("trainstack", "guarantee"), gpus("trainstack", "deserved")) == (24, 40)
+    # capability: what the pools hold, not the sum of the children's (issue 16 #2: 168 GPUs on a
+    # 128-GPU cluster never bounded a child's real capability)
     assert gpus("trainstack", "capability") == gpus("group-research", "capability") == 40
+    assert queues["trainstack"]["capability"]["vpc.amazonaws.com/efa"] == str(2 * 32 + 16)
 
 
 def _children_fit(queues: list[dict[str, Any]]) -> list[str]:
@@ -195,8 +198,8 @@ def test_a_team_quota_change_touches_only_its_queue(group_quota: int | None, del
     def registry(change: int) -> list[dict[str, Any]]:
         return [
             {**team("a", 8 + change, ["h100"], deserved=10 + change), "group": "research"},
-            {**team("b", 4, ["h100"]), "group": "research"},
-            team("c", 4 + change, ["h200"], deserved=6 + change),  # in no group
+            {**team("b", 4, ["h100", "h200"]), "group": "research"},
+            team("c", 4 + change, ["h200", "l40s"], deserved=6 + change),  # in no group
         ]
 
     before = s.queues(config(registry(0), groups))
@@ -213,9 +216,8 @@ def test_group_envelopes_must_fit_the_pools() -> None:
     teams = [{**team("a", 8, ["h100"]), "group": "research"}, team("c", 4, ["h200"])]
     with pytest.raises(ConfigError) as err:
         config(teams, groups)
-    assert (
-        "group guarantees exceed capacity: group research (24) + c (4) = 28, but all pools "
-        "provide 24 firm GPUs" in str(err.value)
+    assert "a (8) + group research headroom (16) = 24 GPUs, but their pools provide 16" in str(
+        err.value
     )
     groups[0]["quota"] = {"gpus": 8, "deserved": 6}
     with pytest.raises(ConfigError) as err:
@@ -224,10 +226,15 @@ def test_group_envelopes_must_fit_the_pools() -> None:
 
 
 def test_flat_mode_uses_proportion_and_no_parents() -> None:
-    cfg = config([team("a", 8, ["h100"])], queueMode="flat")
+    cfg = config([team("a", 8, ["h100"], weight=3)], queueMode="flat")
     queues = s.queues(cfg)
     assert [q["metadata"]["name"] for q in queues] == ["a"]
     assert "parent" not in queues[0]["spec"]
+    # the proportion plugin shares by weight and never reads deserved (issue 16 #9); Volcano's
+    # webhook still wants deserved >= guarantee (validate_queue.go, found by the flat-mode
+    # scenarios of tests/e2e/test_guarantees.py), so it carries the guarantee
+    assert queues[0]["spec"]["weight"] == 3
+    assert queues[0]["spec"]["deserved"] == queues[0]["spec"]["guarantee"]["resource"]
     plugins = [p["name"] for tier in s.scheduler_config(cfg)["tiers"] for p in tier["plugins"]]
     assert "proportion" in plugins
     assert "capacity" not in plugins
@@ -319,38 +326,21 @@ team_strategy = st.tuples(
 )
 
 
-def hall_holds(teams: list[tuple[int, set[str]]]) -> bool:
-    """Independent check: every set of teams fits in the firm capacity of its pools."""
-    for size in range(1, len(teams) + 1):
-        for chosen in itertools.combinations(teams, size):
-            pools = set().union(*(p for _, p in chosen))
-            if sum(g for g, _ in chosen) > sum(FIRM[p] for p in pools):
-                return False
-    return True
-
-
 @settings(max_examples=60, deadline=None)
 @given(st.lists(team_strategy, min_size=1, max_size=5))
-def test_arithmetic_accepts_exactly_the_feasible_registries(
+def test_volcano_accepts_every_hierarchy_the_checks_accept(
     specs: list[tuple[int, int, int, set[str]]],
 ) -> None:
+    """Which registries are accepted: tests/config/test_capacity.py (against an oracle). Here:
+    every accepted one gives queues Volcano's webhook admits."""
     teams = [
         team(f"t{i}", g, sorted(pools), deserved=g + extra, borrowLimit=borrow)
         for i, (g, extra, borrow, pools) in enumerate(specs)
     ]
-    feasible = hall_holds([(g, pools) for g, _, _, pools in specs])
-    fair = sum(g + extra for g, extra, _, _ in specs) <= 40
-    cfg: PlatformConfig | None = None
-    rejected: list[str] = []
     try:
         cfg = config(teams)
-    except ConfigError as err:
-        rejected = [str(i) for i in err.issues]
-    if cfg is None:
-        assert not (feasible and fair), rejected
+    except ConfigError:
         return
-    assert feasible
-    assert fair
     for queue in s.queues(cfg):
         spec = queue["spec"]
         for dim, amount in spec["guarantee"]["resource"].items():
@@ -359,7 +349,6 @@ def test_arithmetic_accepts_exactly_the_feasible_registries(
                 <= quantity(spec["deserved"][dim])
                 <= quantity(spec["capability"][dim])
             )
-    # Volcano's queue webhook accepts the hierarchy the checks accepted.
     assert not _children_fit(s.queues(cfg))
 
 
@@ -378,3 +367,16 @@ def test_every_priority_class_can_reclaim_lent_gpus() -> None:
     lowest = min(s.PRIORITY_CLASSES, key=lambda n: s.PRIORITY_CLASSES[n][0])
     assert lowest == "preemptible"
     assert "preempts nothing" in s.PRIORITY_CLASSES[lowest][2]
+
+
+def test_no_capability_claims_more_of_a_dimension_than_its_pools_hold() -> None:
+    """Issue 16 #8: at the largest per-GPU shape (p5: 4 EFA devices a GPU), 24 GPUs over h100
+    (2 p5, 64 EFA) and h200 (1 p5en, 16 EFA) would claim 96 EFA devices where 80 exist; the
+    organisation queue carries what exists, and Volcano refuses a child above its parent."""
+    cfg = config([team("a", 8, ["h100", "h200"], deserved=16, borrowLimit=8)])
+    quotas = s.team_quotas(cfg, cfg.registry.teams[0])
+    assert quotas["capability"]["nvidia.com/gpu"] == "24"
+    assert quotas["capability"]["vpc.amazonaws.com/efa"] == "80"
+    org = next(q for q in s.queues(cfg) if q["metadata"]["name"] == "trainstack")
+    assert org["spec"]["capability"]["vpc.amazonaws.com/efa"] == "80"
+    assert not _children_fit(s.queues(cfg))

@@ -4,9 +4,7 @@ HyperNodes. The admission policies on Volcano objects live in builders/admission
 
 from __future__ import annotations
 
-import itertools
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -21,8 +19,8 @@ from trainstack.builders.pools import (
     max_nodes,
     placement_group_name,
 )
-from trainstack.config.errors import ConfigIssue
-from trainstack.config.model import GpuPool, Group, PlatformConfig, Team
+from trainstack.config.capacity import group_envelope, summary, supplies
+from trainstack.config.model import PlatformConfig, Team
 
 VOLCANO_CHART = {
     "chart": "volcano",
@@ -87,159 +85,6 @@ def priority_class_name(short: str) -> str:
     return f"trainstack-{short}"
 
 
-# -- capacity ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PoolCapacity:
-    """GPUs a pool can provide at its maximum size, split by how they are bought."""
-
-    name: str
-    gpus: int
-    kind: str  # reserved | onDemand | spot | existing
-
-    @property
-    def firm(self) -> bool:
-        """Spot capacity can vanish at any time, so it cannot back a guarantee."""
-        return self.kind != "spot"
-
-
-def pool_capacity(pool: GpuPool) -> PoolCapacity:
-    gpus = gpus_per_node(pool) * max_nodes(pool)
-    if pool.aws is None:
-        return PoolCapacity(pool.name, gpus, "existing")
-    kind = pool.aws.capacity.type
-    return PoolCapacity(
-        pool.name, gpus, "reserved" if kind in ("reservation", "capacityBlock") else kind
-    )
-
-
-def firm_and_total(cfg: PlatformConfig) -> tuple[int, int]:
-    """GPUs of all pools at their maximum size: those that can back a guarantee, and all."""
-    caps = [pool_capacity(p) for p in cfg.gpu_pools]
-    return sum(c.gpus for c in caps if c.firm), sum(c.gpus for c in caps)
-
-
-def capacity_summary(cfg: PlatformConfig) -> dict[str, int]:
-    caps = [pool_capacity(p) for p in cfg.gpu_pools]
-    summary = {
-        kind: sum(c.gpus for c in caps if c.kind == kind)
-        for kind in ("reserved", "onDemand", "spot", "existing")
-    }
-    summary["total"] = sum(c.gpus for c in caps)
-    summary["guaranteed"] = sum(t.quota.gpus for t in cfg.registry.teams)
-    summary["deserved"] = sum(t.quota.deserved_gpus for t in cfg.registry.teams)
-    return summary
-
-
-def _teams_text(teams: list[Team], attr: str = "gpus") -> str:
-    def amount(team: Team) -> int:
-        return team.quota.gpus if attr == "gpus" else team.quota.deserved_gpus
-
-    return " + ".join(f"{t.name} ({amount(t)})" for t in teams)
-
-
-def capacity_issues(cfg: PlatformConfig) -> list[ConfigIssue]:
-    """Quota arithmetic nobody else checks, with the teams and numbers in each message."""
-    issues: list[ConfigIssue] = []
-    teams = cfg.registry.teams
-    caps = {p.name: pool_capacity(p) for p in cfg.gpu_pools}
-    # Hall's condition: every set of teams must fit in the firm capacity of the union of
-    # their pools. Checking each pool subset S against the teams confined to S covers it.
-    names = sorted(caps)
-    reported: list[frozenset[str]] = []
-    for size in range(1, len(names) + 1):
-        for subset in itertools.combinations(names, size):
-            pools = frozenset(subset)
-            if any(seen <= pools for seen in reported):
-                continue  # a smaller violating set already explains this one
-            confined = [t for t in teams if t.pools and set(t.pools) <= pools]
-            need = sum(t.quota.gpus for t in confined)
-            firm = sum(caps[p].gpus for p in pools if caps[p].firm)
-            if need > firm:
-                spot = sum(caps[p].gpus for p in pools if not caps[p].firm)
-                spot_note = f"; spot ({spot}) cannot back a guarantee" if spot else ""
-                issues.append(
-                    ConfigIssue(
-                        "trainstack:platform.registry.teams",
-                        f"guarantees exceed capacity: {_teams_text(confined)} = {need} GPUs, "
-                        f"but pools {', '.join(sorted(pools))} provide {firm} firm GPUs"
-                        f"{spot_note}; lower the guarantees or grow the pools",
-                    )
-                )
-                reported.append(pools)
-    _, total = firm_and_total(cfg)
-    deserved = sum(t.quota.deserved_gpus for t in teams)
-    if caps and deserved > total:
-        issues.append(
-            ConfigIssue(
-                "trainstack:platform.registry.teams",
-                f"deserved shares exceed capacity: {_teams_text(list(teams), 'deserved')} = "
-                f"{deserved} GPUs, but all pools provide {total}; fair shares could never "
-                "be honoured",
-            )
-        )
-    for index, group in enumerate(cfg.registry.groups):
-        children = [t for t in teams if t.group == group.name]
-        need = sum(t.quota.gpus for t in children)
-        if group.quota_gpus is not None and group.quota_gpus < need:
-            issues.append(
-                ConfigIssue(
-                    f"trainstack:platform.registry.groups[{index}].quota.gpus",
-                    f"group {group.name} guarantees {group.quota_gpus} GPUs but its teams "
-                    f"{_teams_text(children)} = {need}; a parent's guarantee must cover "
-                    "its children's",
-                )
-            )
-        guarantee, _ = group_envelope(cfg, group)
-        members_deserved = sum(t.quota.deserved_gpus for t in children)
-        if group.deserved_gpus is not None and group.deserved_gpus < max(
-            guarantee, members_deserved
-        ):
-            issues.append(
-                ConfigIssue(
-                    f"trainstack:platform.registry.groups[{index}].quota.deserved",
-                    f"group {group.name} deserves {group.deserved_gpus} GPUs but its guarantee "
-                    f"is {guarantee} and its teams {_teams_text(children, 'deserved')} = "
-                    f"{members_deserved}; raise it to at least "
-                    f"{max(guarantee, members_deserved)}",
-                )
-            )
-    if caps:
-        issues += _envelope_issues(cfg)
-    return issues
-
-
-def _envelope_issues(cfg: PlatformConfig) -> list[ConfigIssue]:
-    """Group quotas with headroom (more than their teams' sums) must still fit the pools: the
-    organisation queue carries what the pools provide (queues), and Volcano's webhook refuses
-    children whose sum exceeds it."""
-    grouped = [g for g in cfg.registry.groups if any(t.group == g.name for t in cfg.registry.teams)]
-    if not any(g.quota_gpus is not None for g in grouped):
-        return []  # every group carries its teams' sums: the team checks above cover them
-    envelopes = {g.name: group_envelope(cfg, g) for g in grouped}
-    loose = [t for t in cfg.registry.teams if not t.group]
-    firm, total = firm_and_total(cfg)
-    issues = []
-    for at, limit, what, kind in (
-        (0, firm, "guarantees", "firm GPUs"),
-        (1, total, "deserved shares", "GPUs"),
-    ):
-        amounts = {f"group {name}": pair[at] for name, pair in envelopes.items()}
-        amounts |= {t.name: (t.quota.gpus, t.quota.deserved_gpus)[at] for t in loose}
-        amount = sum(amounts.values())
-        if amount > limit:
-            parts = " + ".join(f"{name} ({gpus})" for name, gpus in amounts.items())
-            issues.append(
-                ConfigIssue(
-                    "trainstack:platform.registry.groups",
-                    f"group {what} exceed capacity: {parts} = {amount}, but all pools provide "
-                    f"{limit} {kind}; lower the group quotas or grow the pools",
-                )
-            )
-    return issues
-
-
 # -- resource lists --------------------------------------------------------------------
 
 
@@ -278,9 +123,14 @@ def pools_shape(cfg: PlatformConfig, pool_names: tuple[str, ...] | list[str]) ->
 
 def resource_list(shape: dict[str, float], gpus: int) -> dict[str, str]:
     """Kubernetes quantities for `gpus` GPUs of the given shape (rounded up)."""
+    return quantities({key: per * gpus for key, per in shape.items()})
+
+
+def quantities(amounts: dict[str, float]) -> dict[str, str]:
+    """Kubernetes quantities, rounded up, in the units Volcano's queues use here."""
     out: dict[str, str] = {}
-    for key, per in sorted(shape.items()):
-        amount = math.ceil(per * gpus)
+    for key, value in sorted(amounts.items()):
+        amount = math.ceil(value - 1e-9)
         if key == "memory":
             out[key] = f"{amount}Gi"
         elif key == HUGEPAGES_RESOURCE:
@@ -288,6 +138,31 @@ def resource_list(shape: dict[str, float], gpus: int) -> dict[str, str]:
         else:
             out[key] = str(amount)
     return out
+
+
+def pools_resources(
+    cfg: PlatformConfig, pool_names: tuple[str, ...] | list[str]
+) -> dict[str, float]:
+    """What the named pools hold at their maximum size, per dimension."""
+    totals: dict[str, float] = {}
+    for name in pool_names:
+        pool = cfg.pool(name)
+        assert pool is not None, "the loader guarantees team pools exist"
+        gpus = gpus_per_node(pool) * max_nodes(pool)
+        for key, per in pools_shape(cfg, [name]).items():
+            totals[key] = totals.get(key, 0.0) + per * gpus
+    return totals
+
+
+def _capability(cfg: PlatformConfig, team: Team) -> dict[str, str]:
+    """The team's capability at its pools' largest per-GPU shape, each dimension capped at
+    what its pools hold: no queue may claim more than exists (issue 16 #2), and Volcano's
+    webhook refuses a child whose capability exceeds its ancestor's in any dimension
+    (validate_queue.go validateChildAgainstAncestor), the organisation holding every pool."""
+    shape = per_gpu_shape(cfg, team)
+    held = pools_resources(cfg, team.pools)
+    gpus = team.quota.capability_gpus
+    return quantities({k: min(per * gpus, held.get(k, per * gpus)) for k, per in shape.items()})
 
 
 def share(gpus: int) -> dict[str, str]:
@@ -306,11 +181,10 @@ def team_quotas(cfg: PlatformConfig, team: Team) -> dict[str, dict[str, str]]:
     from deserved is not compared. The capability keeps every dimension a job may request,
     so no dimension is left without a limit.
     """
-    shape = per_gpu_shape(cfg, team)
     return {
         "guarantee": share(team.quota.gpus),
         "deserved": share(team.quota.deserved_gpus),
-        "capability": resource_list(shape, team.quota.capability_gpus),
+        "capability": _capability(cfg, team),
     }
 
 
@@ -328,20 +202,6 @@ def _max_lists(lists: list[dict[str, str]]) -> dict[str, str]:
             if key not in best or _split(quantity)[0] > _split(best[key])[0]:
                 best[key] = quantity
     return {k: best[k] for k in sorted(best)}
-
-
-def group_envelope(cfg: PlatformConfig, group: Group) -> tuple[int, int]:
-    """A group's guarantee and deserved share in GPUs, as its queue carries them."""
-    members = [t for t in cfg.registry.teams if t.group == group.name]
-    guarantee = (
-        group.quota_gpus if group.quota_gpus is not None else sum(t.quota.gpus for t in members)
-    )
-    deserved = (
-        group.deserved_gpus
-        if group.deserved_gpus is not None
-        else max(guarantee, sum(t.quota.deserved_gpus for t in members))
-    )
-    return guarantee, deserved
 
 
 def _sum_lists(lists: list[dict[str, str]]) -> dict[str, str]:
@@ -391,8 +251,14 @@ def queues(cfg: PlatformConfig) -> list[dict[str, Any]]:
     for team in cfg.registry.teams:
         quotas = team_quotas(cfg, team)
         spec: dict[str, Any] = {
-            "weight": team.quota.weight,
+            # Volcano's mutating webhook sets an absent weight to 1; emitting it keeps the
+            # plan equal to the live object. Only the proportion plugin (flat) reads it.
+            "weight": team.quota.weight or 1,
             "reclaimable": team.quota.reclaimable,
+            # Flat mode's proportion plugin derives deserved from weight and never reads it,
+            # but Volcano's webhook refuses a guarantee without a deserved at least as large
+            # (v1.15.1 validate_queue.go validateResourceQuantityOfQueue), so it carries the
+            # guarantee there (team.quota.deserved is None: the loader refuses it in flat).
             "deserved": quotas["deserved"],
             "guarantee": {"resource": quotas["guarantee"]},
             "capability": quotas["capability"],
@@ -402,11 +268,8 @@ def queues(cfg: PlatformConfig) -> list[dict[str, Any]]:
         team_specs[team.name] = spec
     result = []
     if hierarchical:
-        shape = pools_shape(cfg, [p.name for p in cfg.gpu_pools])
-        firm, total = firm_and_total(cfg)
-        capability = _max_lists(
-            [resource_list(shape, total), *(s["capability"] for s in team_specs.values())]
-        )
+        pools = supplies(cfg)
+        capability = quantities(pools_resources(cfg, [p.name for p in cfg.gpu_pools]))
         group_specs: list[tuple[str, dict[str, Any], dict[str, str]]] = []
         for group in cfg.registry.groups:
             members = [t for t in cfg.registry.teams if t.group == group.name]
@@ -419,6 +282,11 @@ def queues(cfg: PlatformConfig) -> list[dict[str, Any]]:
                 member_specs,
                 guarantee=share(guarantee_gpus),
                 deserved=share(deserved_gpus),
+                # The organisation's: what bounds a group is its real capability, the
+                # parent's minus its siblings' guarantees (v1.15.1 capacity.go
+                # checkHierarchicalQueue), which keeps every other group's guarantee free. A
+                # capability from its teams' would change with every team quota and so undo
+                # the envelopes (issue 15 #5).
                 capability=capability,
             )
             group_specs.append((group.name, spec, {labels.ROLE: "group", labels.GROUP: group.name}))
@@ -428,8 +296,8 @@ def queues(cfg: PlatformConfig) -> list[dict[str, Any]]:
         org = _parent_spec(
             ROOT_QUEUE,
             org_children,
-            guarantee=share(firm),
-            deserved=share(total),
+            guarantee=share(sum(p.firm for p in pools.values())),
+            deserved=share(sum(p.total for p in pools.values())),
             capability=capability,
         )
         org["reclaimable"] = False
@@ -606,8 +474,16 @@ def scheduling_output(cfg: PlatformConfig) -> dict[str, Any]:
             name: {"className": priority_class_name(name), "value": value}
             for name, (value, _, _) in PRIORITY_CLASSES.items()
         },
-        "capacity": capacity_summary(cfg),
+        "capacity": {**summary(cfg), "dimensions": dimensions(cfg)},
     }
+
+
+def dimensions(cfg: PlatformConfig) -> dict[str, dict[str, str]]:
+    """Per resource: what all pools hold at their maximum size, and the teams' capabilities
+    summed (borrowing is bounded per team, so the sum may exceed what exists)."""
+    cluster = quantities(pools_resources(cfg, [p.name for p in cfg.gpu_pools]))
+    summed = _sum_lists([_capability(cfg, t) for t in cfg.registry.teams])
+    return {k: {"cluster": v, "capabilities": summed.get(k, "0")} for k, v in cluster.items()}
 
 
 def team_scheduling(cfg: PlatformConfig, team: Team) -> dict[str, Any]:

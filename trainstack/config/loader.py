@@ -15,8 +15,8 @@ from typing import Any, cast
 
 from trainstack import yamlio
 from trainstack.builders.network import MAX_VPC_PREFIX
-from trainstack.builders.scheduling import capacity_issues
 from trainstack.config import model as m
+from trainstack.config.capacity import capacity_issues, mode_issues
 from trainstack.config.checks import dict_items, duplicate_names, size_issues
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean, join_path
 from trainstack.config.monitoring import build_monitoring, monitoring_checks
@@ -136,6 +136,7 @@ def _platform_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     registry = doc.get("registry")
     if isinstance(registry, Mapping):
         issues.extend(_registry_checks(registry, join_path(root, "registry"), _pool_names(doc)))
+    issues.extend(mode_issues(doc, root))
     issues.extend(pool_checks(doc, root))
     issues.extend(storage_checks(doc, root, network_zones(doc)))
     issues.extend(monitoring_checks(doc, root))
@@ -474,7 +475,7 @@ def _build_registry(doc: dict[str, Any], pool_names: tuple[str, ...]) -> m.Regis
                     deserved=t["quota"].get("deserved"),
                     borrow_limit=t["quota"]["borrowLimit"],
                     reclaimable=t["quota"]["reclaimable"],
-                    weight=t["quota"]["weight"],
+                    weight=t["quota"].get("weight"),
                 ),
                 pools=tuple(t.get("pools", pool_names)),
                 priority_classes=tuple(t["priorityClasses"]),

@@ -7,6 +7,7 @@ cross-field checks, with schema defaults filled in.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 Cloud = Literal["aws", "existing"]
@@ -43,7 +44,7 @@ class TeamQuota:
     deserved: int | None = None  # None: equal to the guarantee
     borrow_limit: int = 0
     reclaimable: bool = True
-    weight: int = 1
+    weight: int | None = None  # flat mode only (the proportion plugin); None: Volcano's 1
 
     @property
     def deserved_gpus(self) -> int:
@@ -159,6 +160,8 @@ class Capacity:
     type: CapacityType
     reservation_id: str | None = None
     reservation_group_arn: str | None = None
+    instance_count: int | None = None  # the reservation's or block's instances
+    window: tuple[datetime, datetime] | None = None  # a capacity block's [start, end), UTC
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ spot on a reservation) is caught here, at preview time, with the field and the f
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from trainstack.builders.fabric import pod_interfaces, socket_ifname_matches
@@ -185,6 +186,15 @@ def _capacity_checks(capacity: object, path: str, size: object) -> list[ConfigIs
                 "use type: reservation or capacityBlock, or remove the reservation",
             )
         )
+    if "instanceCount" in capacity and kind not in ("reservation", "capacityBlock"):
+        issues.append(
+            ConfigIssue(
+                join_path(path, "instanceCount"),
+                f"only a reservation or capacity block has an instance count, not {kind}; "
+                "remove it",
+            )
+        )
+    issues += _window_checks(capacity.get("window"), join_path(path, "window"), kind)
     if kind == "reservation" and has_id == has_group:
         issues.append(
             ConfigIssue(
@@ -215,6 +225,41 @@ def _capacity_checks(capacity: object, path: str, size: object) -> list[ConfigIs
                     "must be 0 for a capacity block",
                 )
             )
+    return issues
+
+
+def parse_time(value: object) -> datetime | None:
+    """An RFC 3339 date-time with its offset, as UTC; None if it is not one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed.astimezone(UTC) if parsed.tzinfo is not None else None
+
+
+def _window_checks(window: object, path: str, kind: object) -> list[ConfigIssue]:
+    if not isinstance(window, Mapping):
+        return []
+    if kind != "capacityBlock":
+        return [ConfigIssue(path, f"only a capacity block has a window, not {kind}; remove it")]
+    issues = []
+    times = {}
+    for key in ("start", "end"):
+        if key in window:
+            times[key] = parse_time(window[key])
+            if times[key] is None:
+                issues.append(
+                    ConfigIssue(
+                        join_path(path, key),
+                        f"{window[key]!r} is not an RFC 3339 date-time with an offset; "
+                        "write it quoted, like '2026-12-01T11:30:00Z'",
+                    )
+                )
+    start, end = times.get("start"), times.get("end")
+    if start is not None and end is not None and end <= start:
+        issues.append(ConfigIssue(join_path(path, "end"), "must be after start"))
     return issues
 
 
@@ -293,6 +338,8 @@ def build_pools(doc: Mapping[str, Any]) -> tuple[m.GpuPool, ...]:
                     type=capacity["type"],
                     reservation_id=capacity.get("reservationId"),
                     reservation_group_arn=capacity.get("reservationGroupArn"),
+                    instance_count=capacity.get("instanceCount"),
+                    window=_window(capacity.get("window")),
                 ),
                 placement_group=raw.get("placementGroup", raw["fabric"] == "efa"),
                 instance_store_raid0=store == "raid0",
@@ -322,3 +369,12 @@ def build_pools(doc: Mapping[str, Any]) -> tuple[m.GpuPool, ...]:
             )
             pools.append(m.GpuPool(name=raw["name"], fabric=raw["fabric"], existing=existing))
     return tuple(pools)
+
+
+def _window(window: Mapping[str, str] | None) -> tuple[datetime, datetime] | None:
+    if window is None:
+        return None
+    start, end = parse_time(window["start"]), parse_time(window["end"])
+    assert start is not None, "checked by _window_checks"
+    assert end is not None, "checked by _window_checks"
+    return start, end

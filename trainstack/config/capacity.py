@@ -1,0 +1,513 @@
+"""Capacity arithmetic: what the pools provide, firm and elastic, and whether the queues'
+promises fit in it. One checker, by max-flow, for the loader and the diff report.
+
+A guarantee is a promise that a team's GPUs are there when it submits. Volcano keeps it by
+allocation bounds and reclaim (docs/scheduling.md), but neither creates GPUs: the promise holds
+only if the GPUs that cannot vanish (firm) cover every guarantee, each on the pools its team may
+use. That is a bipartite supply problem: claims (teams, a group's headroom) on one side, pools
+on the other. It is feasible exactly when the maximum flow from claims to pools carries every
+claim; when it is not, the source side of a minimum cut names the claims and pools that do not
+fit (Hall's condition, found in polynomial time instead of by enumerating pool subsets).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from trainstack.catalog import lookup
+from trainstack.config.errors import ConfigIssue, join_path
+from trainstack.config.model import GpuPool, Group, NodeGroupSize, PlatformConfig, Team
+
+# -- supply ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Supply:
+    """A pool's GPUs: firm ones back guarantees; elastic ones may be absent when needed."""
+
+    pool: str
+    kind: str  # existing | onDemand | spot | reservation | capacityBlock
+    gpus_per_node: int
+    firm_nodes: int
+    max_nodes: int
+    why: str  # what makes `firm_nodes` firm, or why they are not, in the user's words
+
+    @property
+    def firm(self) -> int:
+        return self.firm_nodes * self.gpus_per_node
+
+    @property
+    def total(self) -> int:
+        return self.max_nodes * self.gpus_per_node
+
+    @property
+    def elastic(self) -> int:
+        return self.total - self.firm
+
+
+def supply(pool: GpuPool, now: datetime) -> Supply:
+    """Firm nodes: those that exist whatever the autoscaler and EC2 do.
+
+    - existing clusters: every node the config declares.
+    - onDemand: the node group's minimum. Nodes above it come from EC2's on-demand pool, which
+      can be out of an instance type ("InsufficientInstanceCapacity", EC2 docs
+      troubleshooting-launch.html#troubleshooting-launch-capacity).
+    - spot: none; EC2 reclaims spot instances with two minutes' notice (spot-interruptions.html).
+    - reservation: the reservation's instances (`capacity.instanceCount`), up to the pool's
+      maximum; an On-Demand Capacity Reservation holds them whether they run or not
+      (ec2-capacity-reservations.html). Without the count, only the minimum.
+    - capacityBlock: its instances, but only inside its window (`capacity.window`): outside it
+      the block's instances do not exist and EKS scales its node group to zero
+      (capacity-blocks.html, eks/latest/userguide/capacity-blocks-mng.html).
+    """
+    if pool.aws is None:
+        assert pool.existing is not None
+        nodes = pool.existing.nodes
+        return Supply(pool.name, "existing", pool.existing.gpus_per_node, nodes, nodes, "nodes")
+    size, capacity = pool.aws.size, pool.aws.capacity
+    firm, why = _firm_nodes(capacity.type, capacity.instance_count, capacity.window, size, now)
+    per_node = lookup(pool.aws.instance_type).gpus
+    return Supply(pool.name, capacity.type, per_node, firm, size.max, why)
+
+
+def _firm_nodes(
+    kind: str,
+    count: int | None,
+    window: tuple[datetime, datetime] | None,
+    size: NodeGroupSize,
+    now: datetime,
+) -> tuple[int, str]:
+    if kind == "spot":
+        return 0, "spot: EC2 can reclaim it"
+    if kind == "reservation" and count is not None:
+        return min(count, size.max), f"reservation of {count}"
+    if kind == "capacityBlock":
+        if window is None:
+            return 0, "capacity block, no window"
+        start, end = window
+        if not start <= now < end:
+            return 0, f"block outside {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC"
+        return min(count or size.max, size.max), f"block until {end:%Y-%m-%d %H:%M} UTC"
+    return size.min, "minimum size" if kind == "onDemand" else "minimum size, no instanceCount"
+
+
+def supplies(cfg: PlatformConfig, now: datetime | None = None) -> dict[str, Supply]:
+    at = now or datetime.now(UTC)
+    return {p.name: supply(p, at) for p in cfg.gpu_pools}
+
+
+# -- the checker -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    """GPUs somebody is promised, on any of the named pools."""
+
+    name: str  # as messages show it: "vision", "group research headroom"
+    gpus: int
+    pools: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """Claims that together need more than the pools they may use provide."""
+
+    claims: tuple[Claim, ...]
+    pools: tuple[str, ...]
+    available: int
+
+    @property
+    def need(self) -> int:
+        return sum(c.gpus for c in self.claims)
+
+
+class _Flow:
+    """Dinic's max-flow on an adjacency list; small graphs (claims + pools + 2)."""
+
+    def __init__(self, size: int) -> None:
+        self.edges: list[list[int]] = [[] for _ in range(size)]
+        self.to: list[int] = []
+        self.cap: list[int] = []
+
+    def add(self, a: int, b: int, cap: int) -> None:
+        self.edges[a].append(len(self.to))
+        self.to.append(b)
+        self.cap.append(cap)
+        self.edges[b].append(len(self.to))
+        self.to.append(a)
+        self.cap.append(0)
+
+    def _levels(self, source: int) -> list[int]:
+        level = [-1] * len(self.edges)
+        level[source] = 0
+        queue = deque([source])
+        while queue:
+            node = queue.popleft()
+            for e in self.edges[node]:
+                if self.cap[e] > 0 and level[self.to[e]] < 0:
+                    level[self.to[e]] = level[node] + 1
+                    queue.append(self.to[e])
+        return level
+
+    def run(self, source: int, sink: int) -> int:
+        total = 0
+        while True:
+            level = self._levels(source)
+            if level[sink] < 0:
+                return total
+            nxt = [0] * len(self.edges)
+
+            def push(node: int, amount: int, level: list[int] = level, nxt: list[int] = nxt) -> int:
+                if node == sink:
+                    return amount
+                while nxt[node] < len(self.edges[node]):
+                    e = self.edges[node][nxt[node]]
+                    to = self.to[e]
+                    if self.cap[e] > 0 and level[to] == level[node] + 1:
+                        pushed = push(to, min(amount, self.cap[e]))
+                        if pushed:
+                            self.cap[e] -= pushed
+                            self.cap[e ^ 1] += pushed
+                            return pushed
+                    nxt[node] += 1
+                return 0
+
+            while pushed := push(source, sum(self.cap[e] for e in self.edges[source]) or 1):
+                total += pushed
+
+    def reachable(self, source: int) -> set[int]:
+        """Nodes on the source side of a minimum cut (after run)."""
+        return {n for n, lvl in enumerate(self._levels(source)) if lvl >= 0}
+
+
+def shortfalls(claims: Iterable[Claim], capacity: Mapping[str, int]) -> list[Shortfall]:
+    """Every independent set of claims the pools cannot carry, each with its pools.
+
+    The source side of a minimum cut holds every claim that is not fully carried and every
+    pool those claims could use, all of it full; split into connected parts, each part needs
+    more than its pools provide (the flow into a part's pools comes from its claims alone),
+    so independent shortfalls are reported separately, not hidden behind the first.
+    """
+    wanted = [c for c in claims if c.gpus > 0]
+    pools = sorted(capacity)
+    source, sink = 0, 1 + len(wanted) + len(pools)
+    index = {p: 1 + len(wanted) + i for i, p in enumerate(pools)}
+    flow = _Flow(sink + 1)
+    unlimited = sum(c.gpus for c in wanted) + 1
+    for i, claim in enumerate(wanted, start=1):
+        flow.add(source, i, claim.gpus)
+        for pool in claim.pools & capacity.keys():
+            flow.add(i, index[pool], unlimited)
+    for pool in pools:
+        flow.add(index[pool], sink, capacity[pool])
+    if flow.run(source, sink) == sum(c.gpus for c in wanted):
+        return []
+    side = flow.reachable(source)
+    # Connected parts of the cut's source side, by the claim -> pool edges inside it.
+    parent = list(range(sink + 1))
+
+    def root(n: int) -> int:
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for i, claim in enumerate(wanted, start=1):
+        if i in side:
+            for pool in claim.pools & capacity.keys():
+                parent[root(index[pool])] = root(i)
+    parts: dict[int, tuple[list[Claim], list[str]]] = {}
+    for i, claim in enumerate(wanted, start=1):
+        if i in side:
+            parts.setdefault(root(i), ([], []))[0].append(claim)
+    for pool in pools:
+        if index[pool] in side:
+            parts.setdefault(root(index[pool]), ([], []))[1].append(pool)
+    found = [
+        Shortfall(tuple(cs), tuple(ps), sum(capacity[p] for p in ps)) for cs, ps in parts.values()
+    ]
+    return sorted(found, key=lambda s: (s.pools, [c.name for c in s.claims]))
+
+
+# -- what the platform promises ------------------------------------------------------------
+
+
+def group_envelope(cfg: PlatformConfig, group: Group) -> tuple[int, int]:
+    """A group's guarantee and deserved share in GPUs, as its queue carries them."""
+    members = [t for t in cfg.registry.teams if t.group == group.name]
+    guarantee = (
+        group.quota_gpus if group.quota_gpus is not None else sum(t.quota.gpus for t in members)
+    )
+    deserved = (
+        group.deserved_gpus
+        if group.deserved_gpus is not None
+        else max(guarantee, sum(t.quota.deserved_gpus for t in members))
+    )
+    return guarantee, deserved
+
+
+@dataclass(frozen=True)
+class Promise:
+    """What one team is promised, as the checker needs it (from a config or a plan)."""
+
+    team: str
+    group: str | None
+    guarantee: int
+    deserved: int
+    pools: frozenset[str]
+
+
+def promises(cfg: PlatformConfig) -> list[Promise]:
+    return [
+        Promise(t.name, t.group, t.quota.gpus, t.quota.deserved_gpus, frozenset(t.pools))
+        for t in cfg.registry.teams
+    ]
+
+
+def envelopes(cfg: PlatformConfig) -> dict[str, tuple[int, int]]:
+    """Group queues (hierarchical mode): name -> (guarantee, deserved)."""
+    if cfg.scheduling.queue_mode != "hierarchical":
+        return {}
+    return {
+        g.name: group_envelope(cfg, g)
+        for g in cfg.registry.groups
+        if any(t.group == g.name for t in cfg.registry.teams)
+    }
+
+
+def claims(
+    teams: Iterable[Promise], groups: Mapping[str, tuple[int, int]], level: str
+) -> list[Claim]:
+    """Teams' guarantees (level "guarantee") or fair shares ("deserved"), and what group
+    queues promise above their teams' sums, on the pools their teams may use."""
+    deserved = level == "deserved"
+    teams = list(teams)
+    found = [Claim(t.team, t.deserved if deserved else t.guarantee, t.pools) for t in teams]
+    for group, envelope in sorted(groups.items()):
+        members = [t for t in teams if t.group == group]
+        members_sum = sum(t.deserved if deserved else t.guarantee for t in members)
+        amount = envelope[1 if deserved else 0]
+        if amount > members_sum:
+            pools = frozenset(p for t in members for p in t.pools)
+            found.append(Claim(f"group {group} headroom", amount - members_sum, pools))
+    return found
+
+
+def check(
+    teams: Iterable[Promise],
+    groups: Mapping[str, tuple[int, int]],
+    pools: Mapping[str, tuple[int, int]],
+    hierarchical: bool,
+) -> dict[str, list[Shortfall]]:
+    """The one capacity check, for the loader and the diff report. `pools`: name -> (firm,
+    total) GPUs. Guarantees must fit firm capacity; in hierarchical mode, deserved shares
+    must fit all of it (the capacity plugin reads them; flat mode's proportion plugin derives
+    its own from weights)."""
+    teams = list(teams)
+    found = {"guarantee": shortfalls(claims(teams, groups, "guarantee"), _at(pools, 0))}
+    if hierarchical:
+        found["deserved"] = shortfalls(claims(teams, groups, "deserved"), _at(pools, 1))
+    return found
+
+
+def _at(pools: Mapping[str, tuple[int, int]], index: int) -> dict[str, int]:
+    return {name: amounts[index] for name, amounts in pools.items()}
+
+
+def _pools_text(found: Shortfall, pools: Mapping[str, Supply], firm: bool) -> str:
+    if not firm:
+        return ", ".join(found.pools)
+    return "; ".join(f"{n} {pools[n].firm}: {pools[n].why}" for n in found.pools)
+
+
+def capacity_issues(cfg: PlatformConfig, now: datetime | None = None) -> list[ConfigIssue]:
+    """Quota arithmetic nobody else checks, with the claims, pools and numbers in each message."""
+    if not cfg.gpu_pools:
+        return []
+    pools = supplies(cfg, now)
+    path = "trainstack:platform.registry.teams"
+    issues: list[ConfigIssue] = []
+    found = check(
+        promises(cfg),
+        envelopes(cfg),
+        {p: (s.firm, s.total) for p, s in pools.items()},
+        cfg.scheduling.queue_mode == "hierarchical",
+    )
+    for short in found["guarantee"]:
+        elastic = sum(pools[p].elastic for p in short.pools)
+        issues.append(
+            ConfigIssue(
+                path,
+                f"guarantees exceed firm capacity: {claim_text(short.claims)} = {short.need} "
+                f"GPUs, but their pools provide {short.available} firm "
+                f"({_pools_text(short, pools, firm=True)}) and {elastic} elastic, which cannot "
+                f"back a guarantee; {_fix(elastic)}",
+            )
+        )
+    # A team without its own deserved share deserves its guarantee: where the two shortfalls
+    # name the same claims and pools, the guarantee's message already says it.
+    same = {(tuple(c.name for c in f.claims), f.pools) for f in found["guarantee"]}
+    for short in found.get("deserved", []):
+        if (tuple(c.name for c in short.claims), short.pools) in same:
+            continue
+        issues.append(
+            ConfigIssue(
+                path,
+                f"deserved shares exceed capacity: {claim_text(short.claims)} = {short.need} "
+                f"GPUs, but pools {_pools_text(short, pools, firm=False)} provide "
+                f"{short.available} at their maximum size; fair shares could never be honoured",
+            )
+        )
+    for index, team in enumerate(cfg.registry.teams):
+        room = sum(pools[p].total for p in team.pools if p in pools)
+        if team.quota.capability_gpus > room:
+            field = "borrowLimit" if team.quota.borrow_limit else "deserved"
+            issues.append(
+                ConfigIssue(
+                    f"{path}[{index}].quota.{field}",
+                    f"team {team.name} may use {team.quota.capability_gpus} GPUs (deserved + "
+                    f"borrowLimit), but its pools {', '.join(team.pools)} provide {room}; "
+                    f"lower it to at most {room}",
+                )
+            )
+    return issues + _group_issues(cfg)
+
+
+def _fix(elastic: int) -> str:
+    if not elastic:
+        return "lower the guarantees or add firm capacity"
+    return (
+        "lower the guarantees, raise the pools' minimum size, or declare the instanceCount "
+        "of a reservation or the window of a capacity block"
+    )
+
+
+def claim_text(found: Iterable[Claim]) -> str:
+    return " + ".join(f"{c.name} ({c.gpus})" for c in found)
+
+
+def _teams_text(teams: list[Team], deserved: bool) -> str:
+    return claim_text(
+        Claim(t.name, t.quota.deserved_gpus if deserved else t.quota.gpus, frozenset())
+        for t in teams
+    )
+
+
+def _group_issues(cfg: PlatformConfig) -> list[ConfigIssue]:
+    issues = []
+    for index, group in enumerate(cfg.registry.groups):
+        children = [t for t in cfg.registry.teams if t.group == group.name]
+        need = sum(t.quota.gpus for t in children)
+        if group.quota_gpus is not None and group.quota_gpus < need:
+            issues.append(
+                ConfigIssue(
+                    f"trainstack:platform.registry.groups[{index}].quota.gpus",
+                    f"group {group.name} guarantees {group.quota_gpus} GPUs but its teams "
+                    f"{_teams_text(children, False)} = {need}; a parent's guarantee must cover "
+                    "its children's",
+                )
+            )
+        guarantee, _ = group_envelope(cfg, group)
+        members_deserved = sum(t.quota.deserved_gpus for t in children)
+        floor = max(guarantee, members_deserved)
+        if group.deserved_gpus is not None and group.deserved_gpus < floor:
+            issues.append(
+                ConfigIssue(
+                    f"trainstack:platform.registry.groups[{index}].quota.deserved",
+                    f"group {group.name} deserves {group.deserved_gpus} GPUs but its guarantee "
+                    f"is {guarantee} and its teams {_teams_text(children, True)} = "
+                    f"{members_deserved}; raise it to at least {floor}",
+                )
+            )
+    return issues
+
+
+# -- settings the queue mode ignores ----------------------------------------------------------
+
+
+def mode_issues(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
+    """Refuse settings that the chosen queue mode's Volcano plugin never reads (raw document).
+
+    flat uses the proportion plugin: it computes each queue's deserved share from `weight`
+    over the cluster's resources and never reads spec.deserved (v1.15.1
+    pkg/scheduler/plugins/proportion/proportion.go, OnSessionOpen: `attr.deserved.Add(
+    remaining.Multi(weight / totalWeight))`), and flat mode has no group queues. hierarchical
+    uses the capacity plugin, which reads guarantee, deserved and capability and never a
+    queue's weight (plugins/capacity/capacity.go has no reference to it).
+    """
+    scheduling = doc.get("scheduling")
+    mode = scheduling.get("queueMode") if isinstance(scheduling, Mapping) else None
+    mode = mode or "hierarchical"
+    registry = doc.get("registry")
+    if not isinstance(registry, Mapping):
+        return []
+    issues = []
+    teams_path = join_path(root, "registry", "teams")
+    for index, team in _items(registry.get("teams")):
+        quota = team.get("quota")
+        if not isinstance(quota, Mapping):
+            continue
+        if mode == "flat" and "deserved" in quota:
+            issues.append(
+                ConfigIssue(
+                    join_path(teams_path, index, "quota", "deserved"),
+                    "has no effect with queueMode flat: the proportion plugin derives fair "
+                    "shares from weight; remove it and set weight, or use queueMode "
+                    "hierarchical",
+                )
+            )
+        if mode == "hierarchical" and "weight" in quota:
+            issues.append(
+                ConfigIssue(
+                    join_path(teams_path, index, "quota", "weight"),
+                    "has no effect with queueMode hierarchical: the capacity plugin shares by "
+                    "deserved, not weight; remove it and set deserved, or use queueMode flat",
+                )
+            )
+    if mode == "flat":
+        for index, group in _items(registry.get("groups")):
+            if "quota" in group:
+                issues.append(
+                    ConfigIssue(
+                        join_path(root, "registry", "groups", index, "quota"),
+                        "has no effect with queueMode flat: there are no group queues; remove "
+                        "it or use queueMode hierarchical",
+                    )
+                )
+    return issues
+
+
+def _items(value: object) -> list[tuple[int, Mapping[str, Any]]]:
+    if not isinstance(value, list):
+        return []
+    return [(i, v) for i, v in enumerate(value) if isinstance(v, Mapping)]
+
+
+# -- the summary the preview prints -----------------------------------------------------------
+
+
+def summary(cfg: PlatformConfig, now: datetime | None = None) -> dict[str, Any]:
+    """Firm and elastic GPUs per pool and in all, and what the queues promise."""
+    pools = supplies(cfg, now)
+    teams = cfg.registry.teams
+    return {
+        "pools": {
+            name: {"kind": s.kind, "firm": s.firm, "elastic": s.elastic, "why": s.why}
+            for name, s in pools.items()
+        },
+        "firm": sum(s.firm for s in pools.values()),
+        "elastic": sum(s.elastic for s in pools.values()),
+        "total": sum(s.total for s in pools.values()),
+        "guaranteed": sum(t.quota.gpus for t in teams),
+        "deserved": sum(t.quota.deserved_gpus for t in teams),
+        "capability": sum(t.quota.capability_gpus for t in teams),
+        "groups": {
+            g.name: dict(zip(("guarantee", "deserved"), group_envelope(cfg, g), strict=True))
+            for g in cfg.registry.groups
+            if cfg.scheduling.queue_mode == "hierarchical" and any(t.group == g.name for t in teams)
+        },
+    }
