@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import ROOT
+from tests.diff.conftest import Preview, as_doc
 from tests.test_preview import make_project
 from trainstack.cli import app
 from trainstack.diff.plans import VOLCANO_JOB, PlanError, load_plan
@@ -26,29 +27,8 @@ runner = CliRunner()
 PROD = (ROOT / "stacks" / "Pulumi.prod.yaml").read_text()
 VISION = (ROOT / "stacks" / "Pulumi.vision.yaml").read_text()
 
-Preview = Callable[..., dict[str, Any]]
-
-
-def as_doc(plan: Plan) -> dict[str, Any]:
-    """The plan exactly as `plan.json` holds it."""
-    doc: dict[str, Any] = json.loads(json.dumps(plan.to_json(), sort_keys=True))
-    return doc
-
-
-@pytest.fixture
-def preview(tmp_path: Path) -> Preview:
-    """Preview `stack` of a project made of the given stack files; returns the plan document."""
-    count = 0
-
-    def run(stack: str, **stacks: str) -> dict[str, Any]:
-        nonlocal count
-        count += 1
-        folder = tmp_path / f"project{count}"
-        folder.mkdir()
-        project = make_project(folder, dict(stacks))
-        return as_doc(Previewer(Project.find(project)).preview(stack))
-
-    return run
+GUARANTEES = "Σ guarantees ≤ firm capacity (all pools; elastic GPUs back no guarantee)"
+DESERVED = "Σ deserved ≤ total capacity (all pools)"
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +86,8 @@ def test_plans_from_before_team_outputs_compare_alike(prod_base: dict[str, Any])
 def test_quota_cut_is_reported_per_team(preview: Preview, prod_base: dict[str, Any]) -> None:
     head_text = replace_once(
         PROD,
-        "quota: {gpus: 32, deserved: 40, borrowLimit: 24, weight: 2}",
-        "quota: {gpus: 24, deserved: 32, borrowLimit: 8, weight: 1}",
+        "quota: {gpus: 16, deserved: 40, borrowLimit: 24}",
+        "quota: {gpus: 8, deserved: 32, borrowLimit: 8}",
     )
     diff, markdown = report_for(prod_base, preview("prod", prod=head_text))
     [vision] = diff.teams
@@ -115,13 +95,12 @@ def test_quota_cut_is_reported_per_team(preview: Preview, prod_base: dict[str, A
     assert vision.status == "changed"
     changes = {c.field: (c.before, c.after) for c in vision.changes}
     assert changes == {
-        "quota (guaranteed GPUs)": (32, 24),
+        "quota (guaranteed GPUs)": (16, 8),
         "deserved GPUs": (40, 32),
         "borrowLimit GPUs": (24, 8),
         "capability GPUs": (64, 40),
-        "weight": (2, 1),
     }
-    assert "| vision | changed | quota (guaranteed GPUs) | 32 | 24 |" in markdown
+    assert "| vision | changed | quota (guaranteed GPUs) | 16 | 8 |" in markdown
     assert "| vision | changed | borrowLimit GPUs | 24 | 8 |" in markdown
     # Queues change in place; the registry ConfigMap is replaced (pulumi-kubernetes replaces
     # ConfigMaps on data changes); nothing stateful is touched and every check still holds.
@@ -133,7 +112,10 @@ def test_quota_cut_is_reported_per_team(preview: Preview, prod_base: dict[str, A
     assert not diff.stateful_losses
     assert not diff.capacity.over
     assert "⛔" not in markdown
-    assert "| guaranteed | 96 | 88 |" in markdown
+    assert "| guaranteed | 40 | 32 |" in markdown
+    # The group's guarantee (40) is unchanged: its headroom over its teams grows by vision's 8.
+    checks = {c.name: (c.need, c.available, c.was_ok) for c in diff.capacity.checks}
+    assert checks == {GUARANTEES: (48, 48, True), DESERVED: (128, 128, True)}
 
 
 @pytest.mark.parametrize("both", [True, False], ids=["group-and-team", "team-first"])
@@ -145,18 +127,18 @@ def test_lowering_a_group_with_its_team_is_flagged(
     the group, passes."""
     head_text = replace_once(
         PROD,
-        "quota: {gpus: 32, deserved: 40, borrowLimit: 24, weight: 2}",
-        "quota: {gpus: 16, deserved: 24, borrowLimit: 24, weight: 2}",
+        "quota: {gpus: 16, deserved: 40, borrowLimit: 24}",
+        "quota: {gpus: 8, deserved: 24, borrowLimit: 24}",
     )
     if both:
         head_text = replace_once(
-            head_text, "quota: {gpus: 88, deserved: 104}", "quota: {gpus: 64, deserved: 80}"
+            head_text, "quota: {gpus: 40, deserved: 104}", "quota: {gpus: 24, deserved: 80}"
         )
     diff, markdown = report_for(prod_base, preview("prod", prod=head_text))
     over = sorted((c.name.split(":")[0], c.need, c.available) for c in diff.capacity.over)
     if both:
-        # research's teams hold 80 guaranteed and 96 deserved until vision's update lands
-        assert over == [("queue group-research", 80, 64), ("queue group-research", 96, 80)]
+        # research's teams hold 32 guaranteed and 96 deserved until vision's update lands
+        assert over == [("queue group-research", 32, 24), ("queue group-research", 96, 80)]
         assert "⛔" in markdown
         assert "lower the teams in an earlier update" in markdown
     else:
@@ -169,26 +151,25 @@ def test_pool_shrink_below_guarantees_is_flagged(
     # The config loader refuses this change; the diff must catch it on its own too (plans
     # from an older trainstack, a check that was bypassed), so switch the loader's check off.
     monkeypatch.setattr("trainstack.config.loader.capacity_issues", lambda _cfg: [])
-    head_text = replace_once(PROD, "size: {min: 0, desired: 0, max: 8}", "size: {min: 0, max: 2}")
+    head_text = replace_once(PROD, "instanceCount: 4}", "instanceCount: 2}")
+    head_text = replace_once(
+        head_text, "size: {min: 4, desired: 4, max: 4}", "size: {min: 2, desired: 2, max: 2}"
+    )
     diff, markdown = report_for(prod_base, preview("prod", prod=head_text))
     [pool] = diff.capacity.pools
-    assert pool.key == "h100-block"
+    assert pool.key == "h100-reserved"
     assert {c.field: (c.before, c.after) for c in pool.changes} == {
-        "GPUs": (64, 16),
-        "maxNodes": (8, 2),
+        "GPUs": (32, 16),
+        "firm GPUs": (32, 16),
+        "maxNodes": (4, 2),
     }
-    over = {c.name: c for c in diff.capacity.over}
-    overall = over["Σ guarantees ≤ firm capacity (all pools; spot backs no guarantee)"]
-    assert (overall.need, overall.available, overall.was_ok) == (96, 80, True)
-    assert "| Σ guarantees ≤ firm capacity (all pools; spot backs no guarantee) | 96 | 80 | " in (
-        markdown
-    )
-    assert "⛔ **OVER** (was ok)" in markdown
-    deserved = over["Σ deserved ≤ total capacity (all pools)"]
-    assert (deserved.need, deserved.available) == (120, 80)
-    assert len(over) == 2  # nlp still fits: h100-block + h100-reserved = 48 GPUs
+    # Every claim competes for every firm GPU (the block has none): one shortfall, the sum.
+    over = {c.name: (c.need, c.available, c.was_ok) for c in diff.capacity.over}
+    assert over == {GUARANTEES: (48, 32, True), DESERVED: (128, 112, True)}
+    assert f"| {GUARANTEES} | 48 | 32 | ⛔ **OVER** (was ok) |" in markdown
     assert "⛔ **2 capacity check(s) over**" in markdown
-    assert "| h100-block | changed | GPUs | 64 | 16 |" in markdown
+    assert "| h100-reserved | changed | GPUs | 32 | 16 |" in markdown
+    assert "| firm | 48 | 32 |" in markdown
     # The node group's scaling changes in place: a shrink is not a replacement.
     assert diff.counts["replace"] == 0
     assert not diff.stateful_losses

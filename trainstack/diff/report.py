@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainstack.builders.fabric import GPU_RESOURCE as GPU
+from trainstack.diff.capacity import Check, Inputs, capacity_checks, plan_inputs
 from trainstack.diff.plans import ABSENT, VOLCANO_JOB, changed_paths, get
 from trainstack.diff.replace import STATEFUL, replacing_paths, trigger_reasons
 from trainstack.outputs import team_slices
@@ -19,6 +20,12 @@ STORAGE_TYPES = (
     "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration",
     "kubernetes:core/v1:PersistentVolumeClaim",
     "kubernetes:core/v1:PersistentVolume",
+)
+# Scalar keys of `scheduling.capacity` (its pools, groups and dimensions are shown elsewhere or
+# not at all); the last four are what plans recorded before firm and elastic capacity.
+TOTALS = (
+    *("firm", "elastic", "total", "guaranteed", "deserved", "capability"),
+    *("reserved", "onDemand", "spot", "existing"),
 )
 MAX_FIELD_CHANGES = 25  # per job or storage resource; the rest is counted
 
@@ -39,17 +46,6 @@ class Entry:
     changes: list[Change] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     more: int = 0  # changes left out
-
-
-@dataclass(frozen=True)
-class Check:
-    """One capacity invariant after the change (and whether it held before)."""
-
-    name: str
-    need: int
-    available: int
-    ok: bool
-    was_ok: bool | None  # None: not checkable on the base side
 
 
 @dataclass
@@ -225,88 +221,43 @@ def _entries(
 
 
 def _pool_view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per pool: GPUs at its maximum size, what it is, and (plans that record it) how many of
+    them are firm, i.e. back guarantees."""
+    supply = get(plan, "outputs", "scheduling", "capacity", "pools", default={}) or {}
     pools: dict[str, dict[str, Any]] = {}
     for pool in get(plan, "outputs", "gpuPools", default=[]) or []:
         per_node, nodes = pool.get("gpusPerNode"), pool.get("maxNodes")
-        pools[str(pool.get("name"))] = {
+        name = str(pool.get("name"))
+        pools[name] = {
             "GPUs": per_node * nodes
             if isinstance(per_node, int) and isinstance(nodes, int)
             else None,
+            "firm GPUs": (supply.get(name) or {}).get("firm"),
             "maxNodes": nodes,
             "gpusPerNode": per_node,
             "instanceType": pool.get("instanceType"),
             "capacityType": pool.get("capacityType"),
             "fabric": pool.get("fabric"),
         }
+        if name not in supply:
+            del pools[name]["firm GPUs"]
     return pools
 
 
-def _checks(plan: dict[str, Any]) -> list[Check]:
-    """Σ guarantees within firm capacity (overall and per set of pools), Σ deserved within all."""
-    pools = _pool_view(plan)
-    teams = {
-        name: team.get("scheduling") or {}
-        for name, team in _teams(plan.get("outputs") or {}).items()
-    }
-    if not pools or not teams:
-        return []
-
-    def gpus(pool: str, firm: bool) -> int:
-        info = pools.get(pool, {})
-        if firm and info.get("capacityType") == "spot":
-            return 0
-        return int(info.get("GPUs") or 0)
-
-    checks: list[Check] = []
-    guarantee = {t: int(get(v, "gpus", "guarantee", default=0) or 0) for t, v in teams.items()}
-    deserved = {t: int(get(v, "gpus", "deserved", default=0) or 0) for t, v in teams.items()}
-    team_pools = {t: frozenset(v.get("pools") or pools) for t, v in teams.items()}
-    checks.append(
-        Check(
-            "Σ guarantees ≤ firm capacity (all pools; spot backs no guarantee)",
-            sum(guarantee.values()),
-            sum(gpus(p, firm=True) for p in pools),
-            True,
-            None,
-        )
-    )
-    checks.append(
-        Check(
-            "Σ deserved ≤ total capacity (all pools)",
-            sum(deserved.values()),
-            sum(gpus(p, firm=False) for p in pools),
-            True,
-            None,
-        )
-    )
-    # Teams confined to a set of pools must fit in those pools (Hall's condition, checked on
-    # the pool sets the teams actually name: linear in distinct sets, not exponential).
-    for pool_set in sorted(set(team_pools.values()) - {frozenset(pools)}, key=sorted):
-        confined = sorted(t for t, ps in team_pools.items() if ps <= pool_set)
-        checks.append(
-            Check(
-                f"guarantees of {', '.join(confined)} ≤ firm capacity of "
-                f"{', '.join(sorted(pool_set))}",
-                sum(guarantee[t] for t in confined),
-                sum(gpus(p, firm=True) for p in pool_set),
-                True,
-                None,
-            )
-        )
-    return [Check(c.name, c.need, c.available, c.need <= c.available, None) for c in checks]
+def _capacity_inputs(plan: dict[str, Any]) -> Inputs | None:
+    return plan_inputs(plan, _teams(plan.get("outputs") or {}), _pool_view(plan))
 
 
 def capacity_section(base: dict[str, Any], head: dict[str, Any]) -> Capacity:
     base_pools, head_pools = _pool_view(base), _pool_view(head)
-    pools = _entries(base_pools, head_pools, ("GPUs", "instanceType", "capacityType"))
+    pools = _entries(base_pools, head_pools, ("GPUs", "firm GPUs", "instanceType", "capacityType"))
     totals: list[Change] = []
     base_cap = get(base, "outputs", "scheduling", "capacity", default={}) or {}
     head_cap = get(head, "outputs", "scheduling", "capacity", default={}) or {}
-    for key in ("reserved", "onDemand", "spot", "existing", "total", "guaranteed", "deserved"):
+    for key in TOTALS:
         if key in base_cap or key in head_cap:
             totals.append(Change(key, base_cap.get(key, ABSENT), head_cap.get(key, ABSENT)))
-    before = {c.name: c.ok for c in _checks(base)}
-    checks = [Check(c.name, c.need, c.available, c.ok, before.get(c.name)) for c in _checks(head)]
+    checks = capacity_checks(_capacity_inputs(base), _capacity_inputs(head))
     checks += _lowering_checks(base, head)
     return Capacity(pools, totals, checks)
 
