@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import filecmp
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tests.conftest import EXAMPLE_STACKS, ROOT, STACKS
 from trainstack.cli import app
 from trainstack.preview.mocks import RecordingMocks
 from trainstack.preview.plan import Plan
+from trainstack.preview.summary import capacity_text
 from trainstack.preview.synth import run_mocked, synth
 
 FIVE_MISTAKES = ROOT / "tests" / "config" / "fixtures" / "invalid" / "five-mistakes.yaml"
@@ -88,6 +90,130 @@ def test_preview_is_byte_identical_across_runs(tmp_path: Path) -> None:
     for folder in tree(tmp_path / "a"):
         assert (tmp_path / "a" / folder).read_bytes() == (tmp_path / "b" / folder).read_bytes()
     assert not compare.diff_files
+
+
+def _row(*cells: object) -> re.Pattern[str]:
+    """A rich table row holding `cells` in order, whatever the column widths."""
+    return re.compile(r"│\s*" + r"\s*│\s*".join(re.escape(str(c)) for c in cells) + r"\s*│")
+
+
+def test_platform_preview_prints_the_capacity_arithmetic(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["preview", "prod", "--out", str(tmp_path), "--project-dir", str(ROOT)]
+    )
+    assert result.exit_code == 0, result.output
+    out = result.output
+    # The numbers come from the plan the same run wrote: they are what the console must show.
+    scheduling = json.loads((tmp_path / "prod" / "plan.json").read_text())["outputs"]["scheduling"]
+    cap = scheduling["capacity"]
+    assert scheduling["queueMode"] == "hierarchical"
+    assert cap["firm"] + cap["elastic"] == cap["total"]
+    assert f"{cap['firm']} firm, {cap['elastic']} elastic GPUs ({cap['total']} at maximum" in out
+    assert cap["pools"], "prod has GPU pools"
+    for name, pool in cap["pools"].items():
+        assert _row(name, pool["kind"], pool["firm"], pool["elastic"], pool["why"]).search(out), (
+            name
+        )
+    assert _row("all pools", "", cap["firm"], cap["elastic"], "").search(out)
+    assert _row("Σ guarantees", cap["guaranteed"], f"{cap['firm']} firm").search(out)
+    assert _row("Σ deserved", cap["deserved"], f"{cap['total']} in all").search(out)
+    assert _row("Σ capabilities", cap["capability"], f"{cap['total']} in all").search(out)
+    assert "may exceed the cluster" in out
+    assert cap["groups"], "prod runs hierarchical queues with groups"
+    for name, group in cap["groups"].items():
+        assert _row(name, group["guarantee"], group["deserved"]).search(out), name
+    assert {"cpu", "memory", "nvidia.com/gpu"} <= set(cap["dimensions"])
+    for name, dim in cap["dimensions"].items():
+        assert _row(name, dim["cluster"], dim["capabilities"]).search(out), name
+    # After the resource summary line, before the policy report.
+    assert out.index(" Kubernetes objects, ") < out.index(" elastic GPUs (")
+    assert out.rstrip().endswith("policy: no violations")
+
+
+def test_team_preview_prints_no_capacity_section(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["preview", "vision", "--out", str(tmp_path), "--project-dir", str(ROOT)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "resources by component" in result.output
+    for text in ("capacity", "firm", "Σ", "GPU pools", "group queues"):
+        assert text not in result.output, text
+
+
+PROD_LIKE: dict[str, object] = {
+    "queueMode": "hierarchical",
+    "capacity": {
+        "pools": {
+            "h100-block": {"kind": "capacityBlock", "firm": 0, "elastic": 64, "why": "no window"},
+            "h100-reserved": {"kind": "reservation", "firm": 32, "elastic": 0, "why": "res of 4"},
+        },
+        "firm": 32,
+        "elastic": 64,
+        "total": 96,
+        "guaranteed": 24,
+        "deserved": 90,
+        "capability": 150,
+        "groups": {"research": {"guarantee": 24, "deserved": 80}},
+        "dimensions": {
+            "cpu": {"cluster": "2304", "capabilities": "3600"},
+            "memory": {"cluster": "24576Gi", "capabilities": "100Gi"},
+        },
+    },
+}
+
+
+def test_capacity_text_is_a_pure_function_of_the_outputs() -> None:
+    text = capacity_text({"scheduling": PROD_LIKE})
+    assert "capacity (hierarchical queues): 32 firm, 64 elastic GPUs (96 at maximum size)" in text
+    assert _row("h100-block", "capacityBlock", 0, 64, "no window").search(text)
+    assert _row("all pools", "", 32, 64, "").search(text)
+    assert _row("Σ guarantees", 24, "32 firm").search(text)
+    assert _row("Σ deserved", 90, "96 in all").search(text)
+    assert _row("Σ capabilities", 150, "96 in all").search(text)
+    assert _row("research", 24, 80).search(text)
+    assert _row("cpu", "2304", "3600", "156%").search(text)
+    assert _row("memory", "24576Gi", "100Gi", "0%").search(text)
+    # Outputs that arrive as JSON text render the same.
+    assert capacity_text({"scheduling": json.dumps(PROD_LIKE)}) == text
+
+
+def test_capacity_text_in_flat_mode_does_not_claim_deserved_shares() -> None:
+    flat = json.loads(json.dumps(PROD_LIKE))
+    flat["queueMode"] = "flat"
+    flat["capacity"]["groups"] = {}
+    text = capacity_text({"scheduling": flat})
+    assert "capacity (flat queues): 32 firm, 64 elastic GPUs" in text
+    assert _row("Σ deserved", "-", "", "flat: shares come from weights").search(text)
+    assert "90" not in text
+    assert "group queues" not in text
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        {},
+        {"team": "vision", "namespace": "vision"},
+        {"scheduling": {"queueMode": "hierarchical", "priorityClasses": {}}},
+        {"scheduling": "not json"},
+        {"scheduling": None},
+    ],
+)
+def test_no_capacity_output_prints_nothing(outputs: dict[str, object]) -> None:
+    assert capacity_text(outputs) == ""
+
+
+def test_old_or_partial_capacity_outputs_do_not_crash() -> None:
+    # The shape plans had before firm/elastic per pool (build/ from an older checkout).
+    old = {"reserved": 32, "onDemand": 32, "spot": 0, "existing": 0, "total": 64}
+    text = capacity_text({"scheduling": {"capacity": {**old, "guaranteed": 8, "deserved": 40}}})
+    assert "capacity: 64 GPUs at maximum size" in text
+    assert _row("Σ guarantees", 8, "").search(text)
+    assert _row("Σ deserved", 40, "64 in all").search(text)
+    odd = {"pools": {"a": None, "b": "x"}, "groups": {"g": 3}, "dimensions": {"cpu": []}}
+    text = capacity_text({"scheduling": {"capacity": odd}})
+    assert "no GPU totals in this plan" in text
+    assert _row("a", "", "?", "?", "").search(text)
+    assert _row("cpu", "?", "?", "").search(text)
 
 
 def test_five_mistakes_reported_at_once_and_nothing_registered(tmp_path: Path) -> None:

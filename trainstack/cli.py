@@ -23,6 +23,7 @@ from trainstack.diff.cli import select_changed as _select_changed
 from trainstack.jobs.spec import is_job_document, load_job
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan, normalise, write_plan
+from trainstack.preview.summary import capacity_renderables
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 1
@@ -53,6 +54,9 @@ def print_summary(plan: Plan, out_dir: Path, seconds: float) -> None:
         f"{total} resources, {len(plan.kubernetes_objects())} Kubernetes objects, "
         f"{len(plan.outputs)} outputs -> {out_dir} ({seconds:.1f}s)"
     )
+    # Platform stacks: firm vs elastic GPUs and what the queues promise (nothing for teams).
+    for renderable in capacity_renderables(plan.outputs):
+        console.print(renderable)
 
 
 def print_policy_report(plan: Plan) -> None:
