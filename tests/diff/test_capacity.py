@@ -108,11 +108,11 @@ def test_plans_from_before_firm_capacity_still_diff(example_plans: dict[str, Pla
     # The old base is read with the old rule (every GPU firm but spot's): 128 firm, and no
     # group queues, so no headroom; both sums held.
     assert {c.name: (c.need, c.available, c.ok, c.was_ok) for c in diff.capacity.checks} == {
-        GUARANTEES: (48, 48, True, True),
+        GUARANTEES: (48, 56, True, True),
         DESERVED: (128, 128, True, True),
     }
     totals = {t.field: (t.before, t.after) for t in diff.capacity.totals if t.before != t.after}
-    assert totals["firm"][1] == 48
+    assert totals["firm"][1] == 56
     assert totals["reserved"][0] == 96
     assert not [p for p in diff.capacity.pools if p.status != "changed"]
     assert {c.field for p in diff.capacity.pools for c in p.changes} == {"firm GPUs"}

@@ -138,39 +138,6 @@ def test_a_team_borrows_idle_gpus_up_to_its_borrow_limit(clean: Deployed) -> Non
     assert sum(1 for job in extra if not jobs.bound_pods(clean, job)) == 2
 
 
-def test_reclaim_returns_borrowed_gpus_when_the_lender_submits(clean: Deployed) -> None:
-    """vision borrows nlp's idle H100s; nlp submits its guarantee; reclaim gives it back.
-
-    vision fills h100-block (its capability, 24 GPUs over its deserved 40). nlp submits its
-    48 guaranteed GPUs: 32 on the idle h100-reserved, 16 on h100-block, which only reclaim can
-    free. Volcano's capacity plugin takes victims only from a queue above its deserved share
-    and only while it stays at its guarantee (v1.15.1 plugins/capacity/capacity.go,
-    checkDeservedExceedance, checkGuaranteeConstraint), so vision keeps at least 40.
-    Issue 16 #1: with guarantees in every dimension at the pools' full per-GPU shape, vision's
-    CPU use (4 per GPU) sat far below its CPU guarantee (24 per GPU), so none of its pods was
-    ever a victim ("No validated victims"); guarantee and deserved are now GPUs alone.
-    """
-    capability = _capability(clean, "vision")
-    _fill(clean, "vision", capability, "h100-block", "borrower")
-    wait_for(
-        "vision at its capability",
-        lambda: _gpus_running(clean, "vision") == capability,
-        timeout=90,
-    )
-    nlp = clean.kube.get("scheduling.volcano.sh/v1beta1", "Queue", "nlp")
-    guarantee = int(nlp["spec"]["guarantee"]["resource"][GPU_RESOURCE])
-    vision = clean.kube.get("scheduling.volcano.sh/v1beta1", "Queue", "vision")
-    deserved = int(vision["spec"]["deserved"][GPU_RESOURCE])
-    _fill(clean, "nlp", 32, "h100-reserved", "lender-idle")
-    _fill(clean, "nlp", guarantee - 32, "h100-block", "lender")
-    wait_for(
-        f"nlp running its {guarantee} guaranteed GPUs",
-        lambda: _gpus_running(clean, "nlp") >= guarantee,
-        timeout=90,
-    )
-    assert _gpus_running(clean, "vision") >= deserved
-
-
 def test_higher_priority_preempts_lower_inside_a_queue(clean: Deployed) -> None:
     """Issue 15 #6: with a namespace ResourceQuota at the queue's capability the API refused
     the urgent job's pods, so Volcano never saw a preemptor."""

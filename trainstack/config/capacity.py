@@ -502,8 +502,9 @@ def summary(cfg: PlatformConfig, now: datetime | None = None) -> dict[str, Any]:
         "firm": sum(s.firm for s in pools.values()),
         "elastic": sum(s.elastic for s in pools.values()),
         "total": sum(s.total for s in pools.values()),
-        "guaranteed": sum(t.quota.gpus for t in teams),
-        "deserved": sum(t.quota.deserved_gpus for t in teams),
+        # What the checker weighs: teams' shares and the groups' headroom above them.
+        "guaranteed": sum(c.gpus for c in claims(promises(cfg), envelopes(cfg), "guarantee")),
+        "deserved": sum(c.gpus for c in claims(promises(cfg), envelopes(cfg), "deserved")),
         "capability": sum(t.quota.capability_gpus for t in teams),
         "groups": {
             g.name: dict(zip(("guarantee", "deserved"), group_envelope(cfg, g), strict=True))
