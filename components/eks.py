@@ -33,6 +33,7 @@ class EksCluster(pulumi.ComponentResource):
     cluster: aws.eks.Cluster
     oidc_provider: aws.iam.OpenIdConnectProvider
     node_role: aws.iam.Role
+    node_dependencies: tuple[pulumi.Resource, ...]
     k8s_provider: k8s.Provider
     kubeconfig: pulumi.Output[str]
 
@@ -122,12 +123,22 @@ class EksCluster(pulumi.ComponentResource):
                 ),
             )
 
-        early_addons = [
-            self._addon(name, pin.name, pin.version, child)
-            for pin in eks.addons
-            if pin.name not in b.ADDONS_AFTER_NODES
-        ]
+        # The Pod Identity agent first: vpc-cni takes its role through it.
+        early = sorted(
+            (p for p in eks.addons if p.name not in b.ADDONS_AFTER_NODES),
+            key=lambda p: p.name != b.POD_IDENTITY_AGENT,
+        )
+        early_addons: list[aws.eks.Addon] = []
+        agent: list[pulumi.Resource] = []
+        for pin in early:
+            after = agent if pin.name in b.ADDON_SERVICE_ACCOUNTS else []
+            early_addons.append(self._addon(name, pin.name, pin.version, child, after))
+            if pin.name == b.POD_IDENTITY_AGENT:
+                agent = [early_addons[-1]]
         nodes = self._system_nodes(name, args, child, early_addons)
+        # GPU pools wait for the same: nodes without the CNI's role or the node role's
+        # policies never join, and deleting the role first strands their instances.
+        self.node_dependencies = (*self._node_attachments, *early_addons)
         for pin in eks.addons:
             if pin.name in b.ADDONS_AFTER_NODES:
                 self._addon(name, pin.name, pin.version, child, depends_on=[nodes])
@@ -212,10 +223,11 @@ class EksCluster(pulumi.ComponentResource):
             )
             for arn in b.NODE_POLICIES
         ]
+        self._node_attachments = attachments
         template = aws.ec2.LaunchTemplate(
             f"{name}-system-lt",
             description=f"{args.config.cluster_name} system nodes",
-            metadata_options=imdsv2_only(),
+            metadata_options=imdsv2_only(hop_limit=2),
             block_device_mappings=encrypted_root_volume(system.disk_size_gib),
             opts=child,
         )

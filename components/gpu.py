@@ -10,7 +10,8 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from components.kube import apply_manifest, helm_release
-from components.nodes import encrypted_root_volume, imdsv2_only
+from components.nodes import encrypted_root_volume, imdsv2_only, tag_specifications
+from trainstack.builders import nodegroups as ng
 from trainstack.builders import pools as b
 from trainstack.builders.fabric import efa_network_interfaces
 from trainstack.config.model import GpuPool, PlatformConfig
@@ -33,6 +34,9 @@ class GpuNodePoolArgs:
     vpc_id: pulumi.Input[str]
     subnet_ids: list[pulumi.Output[str]]
     provider: pulumi.ProviderResource
+    # What nodes need before they can join and before their last instance is gone: the node
+    # role's policy attachments and the early add-ons (vpc-cni) (EksCluster.node_dependencies).
+    node_dependencies: tuple[pulumi.Resource, ...] = ()
 
 
 class GpuNodePool(pulumi.ComponentResource):
@@ -91,10 +95,16 @@ class GpuNodePool(pulumi.ComponentResource):
 
         placement = None
         if spec.placement_group:
-            group_name = b.placement_group_name(cfg.cluster_name, pool)
-            aws.ec2.PlacementGroup(f"{name}-pg", name=group_name, strategy="cluster", opts=child)
+            placement_group = aws.ec2.PlacementGroup(
+                f"{name}-pg",
+                name=b.placement_group_name(cfg.cluster_name, pool),
+                strategy="cluster",
+                opts=child,
+            )
+            # The group's output, not its name as a string: the template then waits for the
+            # group, and the group outlives the template on deletion.
             placement = aws.ec2.LaunchTemplatePlacementArgs(
-                group_name=group_name, availability_zone=spec.availability_zone
+                group_name=placement_group.name, availability_zone=spec.availability_zone
             )
 
         reservation = None
@@ -113,8 +123,10 @@ class GpuNodePool(pulumi.ComponentResource):
         template = aws.ec2.LaunchTemplate(
             f"{name}-lt",
             description=f"{cfg.cluster_name} GPU pool {pool.name} ({instance.name})",
-            metadata_options=imdsv2_only(),
+            metadata_options=imdsv2_only(hop_limit=ng.GPU_IMDS_HOP_LIMIT),
             block_device_mappings=encrypted_root_volume(spec.disk_size_gib),
+            instance_type=ng.launch_template_instance_type(pool),
+            tag_specifications=tag_specifications(ng.launch_tags(cfg, pool), ng.TAGGED_RESOURCES),
             network_interfaces=interfaces,
             placement=placement,
             capacity_reservation_specification=reservation,
@@ -128,14 +140,16 @@ class GpuNodePool(pulumi.ComponentResource):
             node_group_name=pool.name,
             node_role_arn=args.node_role_arn,
             subnet_ids=args.subnet_ids,
-            instance_types=[instance.name],
+            instance_types=ng.node_group_instance_types(pool),
             # EKS-optimised accelerated AMI (NVIDIA driver, EFA) for the cluster's version.
             ami_type="AL2023_x86_64_NVIDIA",
             capacity_type=_CAPACITY_TYPES[spec.capacity.type],
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 min_size=spec.size.min, desired_size=spec.size.desired, max_size=spec.size.max
             ),
-            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            update_config=aws.eks.NodeGroupUpdateConfigArgs(
+                max_unavailable=1, update_strategy=ng.update_strategy(pool)
+            ),
             labels=b.node_labels(cfg, pool),
             taints=[
                 aws.eks.NodeGroupTaintArgs(
@@ -145,7 +159,15 @@ class GpuNodePool(pulumi.ComponentResource):
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
                 id=template.id, version=template.latest_version.apply(str)
             ),
-            opts=child,
+            opts=pulumi.ResourceOptions.merge(
+                child,
+                pulumi.ResourceOptions(
+                    depends_on=list(args.node_dependencies),
+                    # The autoscaler owns the current size between min and max; `pulumi up`
+                    # must not reset it (docs/aws.md).
+                    ignore_changes=["scalingConfig.desiredSize"],
+                ),
+            ),
         )
         self.register_outputs({"nodeGroup": self.node_group.node_group_name})
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from trainstack.builders.network import plan_subnets, subnet_tags
+from trainstack.builders.network import plan_subnets, s3_gateway_service, subnet_tags
 from trainstack.config.model import ExistingVpc, NewVpc
 
 
@@ -16,6 +16,7 @@ class NetworkArgs:
     cluster_name: str
     network: NewVpc | ExistingVpc
     provider: pulumi.ProviderResource
+    region: str
 
 
 class Network(pulumi.ComponentResource):
@@ -66,6 +67,7 @@ class Network(pulumi.ComponentResource):
         self.vpc_id = vpc.id
         self.private_subnets = []
         nat_ids: list[pulumi.Output[str]] = []
+        private_route_tables: list[pulumi.Output[str]] = []
         for plan in plan_subnets(net.cidr, net.availability_zones):
             zone = plan.availability_zone
             public = aws.ec2.Subnet(
@@ -122,4 +124,16 @@ class Network(pulumi.ComponentResource):
                 route_table_id=private_rt.id,
                 opts=child,
             )
+            private_route_tables.append(private_rt.id)
             self.private_subnets.append((zone, private.id))
+        # Checkpoints and image layers (ECR keeps them in S3) go to S3 by the gateway, not
+        # through NAT, which bills per GB and caps bandwidth (issue 17 #6; docs/aws.md).
+        aws.ec2.VpcEndpoint(
+            f"{name}-s3",
+            vpc_id=vpc.id,
+            service_name=s3_gateway_service(args.region),
+            vpc_endpoint_type="Gateway",
+            route_table_ids=private_route_tables,
+            tags={"Name": f"{args.cluster_name}-s3"},
+            opts=child,
+        )

@@ -102,7 +102,7 @@ class Platform(pulumi.ComponentResource):
             )
             network = Network(
                 f"{name}-network",
-                NetworkArgs(cfg.cluster_name, cfg.aws.network, provider),
+                NetworkArgs(cfg.cluster_name, cfg.aws.network, provider, cfg.aws.region),
                 pulumi.ResourceOptions(parent=self),
             )
             cluster = EksCluster(
@@ -133,6 +133,7 @@ class Platform(pulumi.ComponentResource):
                         vpc_id=network.vpc_id,
                         subnet_ids=[s for z, s in network.private_subnets if zone in (None, z)],
                         provider=provider,
+                        node_dependencies=cluster.node_dependencies,
                     ),
                     pulumi.ResourceOptions(parent=self),
                 )

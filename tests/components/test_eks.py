@@ -88,12 +88,26 @@ def test_iam_roles_trust_the_right_services(recorded: Recorded) -> None:
         for a in recorded.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
         if a.name.startswith("c-node-role-")
     }
+    # No AmazonEKS_CNI_Policy on the node role (issue 17 #4): any pod reaching instance
+    # metadata could have attached ENIs with it. The CNI has its own role.
     assert node_policies == {
         "AmazonEKSWorkerNodePolicy",
-        "AmazonEKS_CNI_Policy",
         "AmazonEC2ContainerRegistryReadOnly",
         "AmazonSSMManagedInstanceCore",
     }
+
+
+def test_the_vpc_cni_has_its_own_role_through_pod_identity(recorded: Recorded) -> None:
+    """EKS user guide (cni-iam-role): put AmazonEKS_CNI_Policy on a role of the aws-node
+    service account, then remove it from the node role; add-ons get roles by Pod Identity
+    (add-ons-iam), so the agent add-on comes first."""
+    addons = {a.inputs["addonName"]: a for a in recorded.of_type("aws:eks/addon:Addon")}
+    assert addons["vpc-cni"].inputs["podIdentityAssociations"] == [
+        {"roleArn": "arn:aws:iam::000000000000:role/c-vpc-cni", "serviceAccount": "aws-node"}
+    ]
+    policy = recorded.one("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "c-vpc-cni")
+    assert policy.inputs["policyArn"] == "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy"
+    assert addons["eks-pod-identity-agent"].urn in addons["vpc-cni"].dependencies
 
 
 def test_oidc_provider_for_irsa(recorded: Recorded) -> None:

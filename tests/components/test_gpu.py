@@ -156,6 +156,69 @@ def test_node_group_labels_taint_ami_and_hardening(run_program: Callable[..., Re
     assert template.inputs["blockDeviceMappings"][0]["ebs"]["encrypted"] == "true"
 
 
+def test_team_pods_cannot_reach_the_node_role(run_program: Callable[..., Recorded]) -> None:
+    """Issue 17 #4: with two hops a pod's network namespace reaches IMDS and the node role's
+    credentials, whatever its IRSA role; one hop blocks it (EKS best practices, IAM)."""
+    rec = run_pool(run_program, platform([efa_pool("p5.48xlarge")]))
+    template = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt")
+    assert template.inputs["metadataOptions"] == {
+        "httpEndpoint": "enabled",
+        "httpTokens": "required",
+        "httpPutResponseHopLimit": 1,
+    }
+
+
+def test_what_a_node_group_launches_carries_the_cost_tags(
+    run_program: Callable[..., Recorded],
+) -> None:
+    """Issue 17 #7: node group and provider default tags never reach the instances, volumes
+    and ENIs EKS launches (EKS user guide, create-managed-node-group); the launch template's
+    tag specifications do."""
+    rec = run_pool(run_program, platform([efa_pool("p5.48xlarge")]))
+    specs = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt").inputs["tagSpecifications"]
+    assert [s["resourceType"] for s in specs] == ["instance", "volume", "network-interface"]
+    for spec in specs:
+        assert spec["tags"]["trainstack:stack"] == "t"
+        assert spec["tags"]["trainstack.io/pool"] == "gpu"
+
+
+def test_nodes_wait_for_what_they_need_and_keep_the_autoscalers_size(
+    run_program: Callable[..., Recorded],
+) -> None:
+    """Issue 17 #3: the template waits for the placement group (its output, not the name as
+    a string), the node group for the node role's policies and the CNI; and `pulumi up` leaves
+    the desired size an autoscaler or operator set."""
+
+    def program() -> None:
+        provider = aws.Provider("aws", region="us-east-1")
+        policy = aws.iam.RolePolicyAttachment("node-policy", role="node", policy_arn="arn:p")
+        cfg = platform([efa_pool("p5.48xlarge")])
+        GpuNodePool(
+            "pool",
+            GpuNodePoolArgs(
+                config=cfg,
+                pool=cfg.gpu_pools[0],
+                cluster_name="c",
+                cluster_security_group_id="sg-cluster",
+                node_role_arn="arn:aws:iam::000000000000:role/node",
+                vpc_id="vpc-1",
+                subnet_ids=[pulumi.Output.from_input("subnet-a")],
+                provider=provider,
+                node_dependencies=(policy,),
+            ),
+        )
+
+    rec = run_program(program)
+    group = rec.one("aws:ec2/placementGroup:PlacementGroup", "pool-pg")
+    template = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt")
+    assert group.urn in template.dependencies
+    nodes = rec.one("aws:eks/nodeGroup:NodeGroup", "pool-nodes")
+    assert rec.one("aws:iam/rolePolicyAttachment:RolePolicyAttachment", "node-policy").urn in (
+        nodes.dependencies
+    )
+    assert nodes.options["ignoreChanges"] == ["scalingConfig.desiredSize"]
+
+
 def test_user_data_raid0_and_hugepages(run_program: Callable[..., Recorded]) -> None:
     rec = run_pool(run_program, platform([efa_pool("p5.48xlarge")]))
     template = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt")
@@ -217,6 +280,19 @@ def test_capacity_options(
     assert template.get("instanceMarketOptions") == market
     spec = template.get("capacityReservationSpecification")
     assert (spec["capacityReservationTarget"] if spec else None) == target
+    # Issue 17 #1: for CAPACITY_BLOCK the template names the instance type and the node group
+    # lists none, or EKS rejects it (EKS user guide, capacity-blocks-mng; launch-templates:
+    # a type in the template forbids instanceTypes on the node group).
+    block = capacity["type"] == "capacityBlock"
+    assert template.get("instanceType") == ("p5.48xlarge" if block else None)
+    assert nodes.inputs.get("instanceTypes") == (None if block else ["p5.48xlarge"])
+    # Issue 17 #9: reserved capacity has no spare instance for DEFAULT's surge; MINIMAL
+    # terminates first (EKS user guide, managed-node-update-behavior).
+    reserved = capacity["type"] in ("reservation", "capacityBlock")
+    assert nodes.inputs["updateConfig"] == {
+        "maxUnavailable": 1,
+        "updateStrategy": "MINIMAL" if reserved else "DEFAULT",
+    }
 
 
 def plugin_releases(rec: Recorded) -> dict[str, dict[str, Any]]:

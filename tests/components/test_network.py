@@ -21,7 +21,9 @@ def test_new_vpc_layout_per_zone(run_program: Callable[..., Recorded]) -> None:
 
     def program() -> None:
         provider = aws.Provider("p", region="us-west-2")
-        Network("net", NetworkArgs("c1", NewVpc("10.0.0.0/16", zones, "single"), provider))
+        Network(
+            "net", NetworkArgs("c1", NewVpc("10.0.0.0/16", zones, "single"), provider, "eu-west-1")
+        )
 
     rec = run_program(program)
     component = rec.one("trainstack:aws:Network", "net")
@@ -57,7 +59,9 @@ def test_per_az_nat(run_program: Callable[..., Recorded]) -> None:
 
     def program() -> None:
         provider = aws.Provider("p", region="eu-west-1")
-        Network("net", NetworkArgs("c1", NewVpc("10.8.0.0/16", zones, "perAz"), provider))
+        Network(
+            "net", NetworkArgs("c1", NewVpc("10.8.0.0/16", zones, "perAz"), provider, "eu-west-1")
+        )
 
     rec = run_program(program)
     nats = rec.of_type("aws:ec2/natGateway:NatGateway")
@@ -73,6 +77,26 @@ def test_per_az_nat(run_program: Callable[..., Recorded]) -> None:
     }
 
 
+def test_s3_traffic_takes_the_gateway_endpoint(run_program: Callable[..., Recorded]) -> None:
+    """Issue 17 #6: without an S3 gateway endpoint, checkpoint writes and image layer pulls
+    (ECR serves layers from S3) went through NAT, billed per GB."""
+    zones = ("eu-west-1a", "eu-west-1b")
+
+    def program() -> None:
+        provider = aws.Provider("p", region="eu-west-1")
+        net = NewVpc("10.8.0.0/16", zones, "perAz")
+        Network("net", NetworkArgs("c1", net, provider, "eu-west-1"))
+
+    rec = run_program(program)
+    endpoint = rec.one("aws:ec2/vpcEndpoint:VpcEndpoint", "net-s3")
+    assert endpoint.inputs["serviceName"] == "com.amazonaws.eu-west-1.s3"
+    assert endpoint.inputs["vpcEndpointType"] == "Gateway"
+    assert endpoint.inputs["routeTableIds"] == [
+        "net-private-rt-eu-west-1a-id",
+        "net-private-rt-eu-west-1b-id",
+    ]
+
+
 def test_existing_vpc_creates_nothing(run_program: Callable[..., Recorded]) -> None:
     existing = ExistingVpc(
         "vpc-0123456789abcdef0",
@@ -82,7 +106,7 @@ def test_existing_vpc_creates_nothing(run_program: Callable[..., Recorded]) -> N
 
     def program() -> None:
         provider = aws.Provider("p", region="us-east-2")
-        net = Network("net", NetworkArgs("c1", existing, provider))
+        net = Network("net", NetworkArgs("c1", existing, provider, "eu-west-1"))
         seen["zones"] = [zone for zone, _ in net.private_subnets]
         pulumi.export("ids", net.private_subnet_ids)
 

@@ -78,6 +78,9 @@ def platform_config(size: OrgSize) -> dict[str, Any]:
                 "storageCapacityGiB": 28800,
                 "perUnitStorageThroughput": 500,
                 "availabilityZone": "us-east-1a",
+                # The organisation spans two zones to size the plan; it accepts the
+                # cross-zone reads rather than model a file system per zone.
+                "allowCrossZone": True,
                 "dataRepository": {"bucket": "acme-ml-datasets", "prefix": "datasets/"},
             },
             "checkpoints": {"bucket": "acme-trainstack-org-checkpoints", "retentionDays": 30},

@@ -8,22 +8,32 @@ from typing import Any
 
 AWS_MANAGED = "arn:aws:iam::aws:policy"
 CLUSTER_POLICIES = (f"{AWS_MANAGED}/AmazonEKSClusterPolicy",)
+# No AmazonEKS_CNI_Policy: on the node role every pod that reaches instance metadata could
+# attach ENIs and assign addresses; the VPC CNI gets it on its own role (below). "If you ...
+# assigned it to the aws-node Kubernetes service account, then we recommend that you remove
+# the policy from your node role" (EKS user guide, "Configure the Amazon VPC CNI plugin to use
+# IRSA"/cni-iam-role). AmazonEKSWorkerNodePolicy carries eks-auth:AssumeRoleForPodIdentity,
+# which the Pod Identity agent needs.
 NODE_POLICIES = (
     f"{AWS_MANAGED}/AmazonEKSWorkerNodePolicy",
-    f"{AWS_MANAGED}/AmazonEKS_CNI_Policy",
     f"{AWS_MANAGED}/AmazonEC2ContainerRegistryReadOnly",
     f"{AWS_MANAGED}/AmazonSSMManagedInstanceCore",
 )
+CNI_POLICY = f"{AWS_MANAGED}/AmazonEKS_CNI_Policy"
 EBS_CSI_POLICY = f"{AWS_MANAGED}/service-role/AmazonEBSCSIDriverPolicy"
 CLUSTER_ADMIN_ACCESS_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
 OIDC_AUDIENCE = "sts.amazonaws.com"
 # Add-ons that need AWS permissions get them through EKS Pod Identity.
+# aws-node supports Pod Identity from v1.15.5 (EKS best practices, IAM: "The aws-node
+# daemonset supports EKS Pod Identities in versions v1.15.5 and later").
 ADDON_SERVICE_ACCOUNTS = {
+    "vpc-cni": "aws-node",
     "aws-ebs-csi-driver": "ebs-csi-controller-sa",
     "aws-fsx-csi-driver": "fsx-csi-controller-sa",
     "aws-efs-csi-driver": "efs-csi-controller-sa",
 }
 ADDON_POLICIES = {
+    "vpc-cni": CNI_POLICY,
     "aws-ebs-csi-driver": EBS_CSI_POLICY,
     "aws-fsx-csi-driver": f"{AWS_MANAGED}/AmazonFSxFullAccess",
     "aws-efs-csi-driver": f"{AWS_MANAGED}/service-role/AmazonEFSCSIDriverPolicy",
@@ -38,6 +48,8 @@ ADDON_POLICIES = {
 ADDON_CONFIGURATION: dict[str, dict[str, Any]] = {
     "vpc-cni": {"enableNetworkPolicy": "true"},
 }
+# The agent that hands add-ons their Pod Identity roles: before the add-ons that use one.
+POD_IDENTITY_AGENT = "eks-pod-identity-agent"
 # coredns needs nodes to schedule on; the rest are node-level and install first.
 ADDONS_AFTER_NODES = frozenset(
     {"coredns", "aws-ebs-csi-driver", "aws-fsx-csi-driver", "aws-efs-csi-driver"}

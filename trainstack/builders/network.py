@@ -39,3 +39,10 @@ def subnet_tags(cluster_name: str, *, public: bool) -> dict[str, str]:
     """Tags the AWS load balancer controller and EKS use to discover subnets."""
     role = "kubernetes.io/role/elb" if public else "kubernetes.io/role/internal-elb"
     return {role: "1", f"kubernetes.io/cluster/{cluster_name}": "shared"}
+
+
+def s3_gateway_service(region: str) -> str:
+    """The S3 gateway endpoint's service name ("com.amazonaws.<region>.s3"; VPC user guide,
+    "Gateway endpoints for Amazon S3"). Gateway endpoints cost nothing and carry S3 traffic
+    from the route tables they are attached to."""
+    return f"com.amazonaws.{region}.s3"

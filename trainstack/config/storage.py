@@ -77,6 +77,7 @@ def storage_checks(doc: Mapping[str, Any], root: str, zones: set[str] | None) ->
     lustre = storage.get("lustre")
     if isinstance(lustre, Mapping) and cloud == "aws":
         issues += _lustre_checks(lustre, join_path(path, "lustre"), zones)
+        issues += _lustre_zone_checks(lustre, join_path(path, "lustre"), doc.get("gpuPools"))
     checkpoints = storage.get("checkpoints")
     if cloud == "existing" and isinstance(checkpoints, Mapping) and "bucket" in checkpoints:
         issues.append(
@@ -159,6 +160,32 @@ def _cache_checks(cache: Mapping[str, Any], path: str, cloud: object) -> list[Co
             )
         )
     return issues
+
+
+def _lustre_zone_checks(lustre: Mapping[str, Any], path: str, pools: object) -> list[ConfigIssue]:
+    """Lustre serves one zone: a GPU pool in another reads every batch and writes every
+    checkpoint across zones, slower and billed per GB each way (EC2 "Data transfer within the
+    same AWS Region"). An error unless the config says it accepts that (issue 17 #8)."""
+    listed = [p for p in pools if isinstance(p, Mapping)] if isinstance(pools, list) else []
+    zoned = [p for p in listed if isinstance(p.get("availabilityZone"), str)]
+    # Without a zone of its own, Lustre goes to the first EFA pool's (build_storage).
+    efa_zones = [p["availabilityZone"] for p in zoned if p.get("fabric") == "efa"]
+    zone = lustre.get("availabilityZone") or (efa_zones[0] if efa_zones else None)
+    if not isinstance(zone, str) or lustre.get("allowCrossZone") is True:
+        return []
+    away = [
+        f"{p.get('name')} ({p['availabilityZone']})" for p in zoned if p["availabilityZone"] != zone
+    ]
+    if not away:
+        return []
+    return [
+        ConfigIssue(
+            join_path(path, "availabilityZone"),
+            f"Lustre is in {zone} but GPU pools {', '.join(away)} are not: every read and "
+            "checkpoint would cross zones (slower, and billed per GB each way); put the pools "
+            "and Lustre in one zone, or set allowCrossZone: true to accept it",
+        )
+    ]
 
 
 def _lustre_checks(

@@ -53,6 +53,8 @@ def options_of(request: Any) -> dict[str, Any]:
         options["deleteBeforeReplace"] = True
     if request.replaceOnChanges:
         options["replaceOnChanges"] = sorted(request.replaceOnChanges)
+    if request.ignoreChanges:
+        options["ignoreChanges"] = sorted(request.ignoreChanges)
     if request.HasField("replacement_trigger"):
         value = request.replacement_trigger  # a google.protobuf.Value
         kind = value.WhichOneof("kind")
