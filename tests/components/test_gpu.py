@@ -52,7 +52,13 @@ def efa_pool(instance_type: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def run_pool(run_program: Callable[..., Recorded], cfg: PlatformConfig) -> Recorded:
+def run_pool(
+    run_program: Callable[..., Recorded],
+    cfg: PlatformConfig,
+    needs: Callable[[], tuple[pulumi.Resource, ...]] = tuple,
+) -> Recorded:
+    """One pool under the mocks; `needs` makes the resources its nodes depend on."""
+
     def program() -> None:
         provider = aws.Provider("aws", region="us-east-1")
         GpuNodePool(
@@ -66,6 +72,7 @@ def run_pool(run_program: Callable[..., Recorded], cfg: PlatformConfig) -> Recor
                 vpc_id="vpc-1",
                 subnet_ids=[pulumi.Output.from_input("subnet-a")],
                 provider=provider,
+                node_dependencies=needs(),
             ),
         )
 
@@ -189,26 +196,10 @@ def test_nodes_wait_for_what_they_need_and_keep_the_autoscalers_size(
     a string), the node group for the node role's policies and the CNI; and `pulumi up` leaves
     the desired size an autoscaler or operator set."""
 
-    def program() -> None:
-        provider = aws.Provider("aws", region="us-east-1")
-        policy = aws.iam.RolePolicyAttachment("node-policy", role="node", policy_arn="arn:p")
-        cfg = platform([efa_pool("p5.48xlarge")])
-        GpuNodePool(
-            "pool",
-            GpuNodePoolArgs(
-                config=cfg,
-                pool=cfg.gpu_pools[0],
-                cluster_name="c",
-                cluster_security_group_id="sg-cluster",
-                node_role_arn="arn:aws:iam::000000000000:role/node",
-                vpc_id="vpc-1",
-                subnet_ids=[pulumi.Output.from_input("subnet-a")],
-                provider=provider,
-                node_dependencies=(policy,),
-            ),
-        )
+    def needs() -> tuple[pulumi.Resource, ...]:
+        return (aws.iam.RolePolicyAttachment("node-policy", role="node", policy_arn="arn:p"),)
 
-    rec = run_program(program)
+    rec = run_pool(run_program, platform([efa_pool("p5.48xlarge")]), needs)
     group = rec.one("aws:ec2/placementGroup:PlacementGroup", "pool-pg")
     template = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt")
     assert group.urn in template.dependencies
