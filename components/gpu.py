@@ -11,6 +11,7 @@ import pulumi_kubernetes as k8s
 
 from components.kube import apply_manifest, helm_release
 from components.nodes import encrypted_root_volume, imdsv2_only, tag_specifications
+from trainstack.builders import autoscaler
 from trainstack.builders import nodegroups as ng
 from trainstack.builders import pools as b
 from trainstack.builders.fabric import efa_network_interfaces
@@ -150,7 +151,10 @@ class GpuNodePool(pulumi.ComponentResource):
             update_config=aws.eks.NodeGroupUpdateConfigArgs(
                 max_unavailable=1, update_strategy=ng.update_strategy(pool)
             ),
-            labels=b.node_labels(cfg, pool),
+            labels={**b.node_labels(cfg, pool), **autoscaler.accelerator_label(pool)},
+            # What Cluster Autoscaler cannot derive for this pool at zero (EFA, hugepages);
+            # it reads the node group's tags through DescribeNodegroup.
+            tags=autoscaler.node_group_tags(pool),
             taints=[
                 aws.eks.NodeGroupTaintArgs(
                     key=b.GPU_TAINT["key"], value=b.GPU_TAINT["value"], effect="NO_SCHEDULE"

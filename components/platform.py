@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
+from components.autoscaler import ClusterAutoscaler, ClusterAutoscalerArgs
 from components.eks import EksCluster, EksClusterArgs
 from components.existing import ExistingCluster
 from components.gpu import GpuNodePool, GpuNodePoolArgs, GpuPlugins, GpuPluginsArgs
@@ -134,6 +135,14 @@ class Platform(pulumi.ComponentResource):
                         subnet_ids=[s for z, s in network.private_subnets if zone in (None, z)],
                         provider=provider,
                         node_dependencies=cluster.node_dependencies,
+                    ),
+                    pulumi.ResourceOptions(parent=self),
+                )
+            if cfg.gpu_pools:
+                ClusterAutoscaler(
+                    f"{name}-autoscaler",
+                    ClusterAutoscalerArgs(
+                        cfg, cfg.aws.region, cluster.cluster.name, provider, k8s_provider
                     ),
                     pulumi.ResourceOptions(parent=self),
                 )

@@ -157,6 +157,8 @@ def test_node_group_labels_taint_ami_and_hardening(run_program: Callable[..., Re
         "trainstack.io/capacity": "onDemand",
         "trainstack.io/placement-group": "trainstack-t-gpu",
         "nvidia.com/gpu.present": "true",
+        # Cluster Autoscaler: no second scale-up while the device plugin starts
+        "k8s.amazonaws.com/accelerator": "nvidia-h200",
     }
     template = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt")
     assert template.inputs["metadataOptions"]["httpTokens"] == "required"

@@ -48,7 +48,7 @@ def test_roce_replicas_attach_to_the_fabric_and_lock_memory(roce_job: dict[str, 
     """Before issue 15 the pods had no secondary network, no IPC_LOCK, and NCCL's bootstrap
     pointed at the host's bond0."""
     for name, template in templates(roce_job).items():
-        assert template["metadata"]["annotations"] == {NETWORKS_ANNOTATION: "default/roce-net"}
+        assert template["metadata"]["annotations"][NETWORKS_ANNOTATION] == "default/roce-net"
         trainer = template["spec"]["containers"][0]
         assert trainer["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}, name
         env = {e["name"]: e["value"] for e in trainer["env"]}
@@ -69,7 +69,7 @@ def test_parameter_servers_get_neither(example_plans: dict[str, Plan]) -> None:
     spec = dataclasses.replace(load_job(PS), team="speech", pool="a100-roce", priority="normal")
     job = render(spec, PlatformView(example_plans["onprem"].outputs), "speech")
     ps = templates(job)["ps"]
-    assert "annotations" not in ps["metadata"]
+    assert NETWORKS_ANNOTATION not in ps["metadata"]["annotations"]
     assert "securityContext" not in ps["spec"]["containers"][0]
     assert "securityContext" in templates(job)["worker"]["spec"]["containers"][0]
 

@@ -13,6 +13,7 @@ from typing import Any
 from trainstack_runtime import contract
 
 from trainstack.builders import labels
+from trainstack.builders.autoscaler import SAFE_TO_EVICT
 from trainstack.builders.pools import GPU_TOLERATION
 from trainstack.builders.scheduling import SVC_PLUGIN_ARGS, priority_class_name
 from trainstack.builders.storage import CHECKPOINTS_MOUNT
@@ -395,12 +396,13 @@ def _pod(
         "volumeMounts": mounts,
     }
     fabric = profile(pool)
-    metadata: dict[str, Any] = {"labels": task_labels}
+    # Cluster Autoscaler counts Volcano's pods as replicated and would evict them to remove a
+    # node; this keeps the node while the pod runs (builders/autoscaler.py).
+    metadata: dict[str, Any] = {"labels": task_labels, "annotations": {SAFE_TO_EVICT: "false"}}
     if role != PS:  # replicas with the pool's RDMA devices; parameter servers have none
         if fabric.capabilities:
             container["securityContext"] = {"capabilities": {"add": list(fabric.capabilities)}}
-        if fabric.pod_annotations():
-            metadata["annotations"] = fabric.pod_annotations()
+        metadata["annotations"] |= fabric.pod_annotations()
     selector = pool.get("nodeSelector", {})
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # Volcano reads exit codes only from Failed pods
