@@ -141,6 +141,19 @@ class PlatformStorage(pulumi.ComponentResource):
                 ip_protocol="-1",
                 opts=child,
             )
+            if lustre.efa:
+                # FSx refuses an EFA-enabled file system whose group does not allow all
+                # traffic within itself and from its clients ("Insufficient security group
+                # permissions to create an EFA-enabled file system", FSx Lustre guide,
+                # cannot-create-fs; efa-file-systems).
+                for source, peer in (("nodes", ctx.node_security_group_id), ("self", group.id)):
+                    aws.vpc.SecurityGroupIngressRule(
+                        f"{name}-lustre-efa-{source}",
+                        security_group_id=group.id,
+                        referenced_security_group_id=peer,
+                        ip_protocol="-1",
+                        opts=child,
+                    )
             subnet = next(s for zone, s in ctx.subnets if zone == lustre.availability_zone)
             persistent = lustre.deployment_type == "PERSISTENT_2"
             fs = aws.fsx.LustreFileSystem(
@@ -153,6 +166,13 @@ class PlatformStorage(pulumi.ComponentResource):
                 data_compression_type="LZ4",
                 file_system_type_version=b.LUSTRE_VERSION,
                 efa_enabled=lustre.efa or None,
+                # EFA needs a metadata configuration (pulumi-aws LustreFileSystem.efa_enabled:
+                # "only supported when ... metadata_configuration is used").
+                metadata_configuration=aws.fsx.LustreFileSystemMetadataConfigurationArgs(
+                    mode="AUTOMATIC"
+                )
+                if lustre.efa
+                else None,
                 kms_key_id=key.arn if persistent else None,
                 tags={"Name": f"{cfg.cluster_name}-lustre"},
                 opts=child,

@@ -69,6 +69,39 @@ def test_lustre_security_group_rules(
     }
 
 
+def test_efa_lustre_gets_what_fsx_requires_of_it(
+    run_program: Callable[..., Recorded], prod: PlatformConfig
+) -> None:
+    """FSx refuses an EFA-enabled file system without a metadata configuration and a group
+    allowing all traffic within itself and from its clients (FSx Lustre guide, cannot-create-fs;
+    pulumi-aws LustreFileSystem.efa_enabled). Before, the preview passed and AWS refused."""
+    assert prod.storage.lustre is not None
+    efa = replace(
+        prod,
+        storage=replace(
+            prod.storage,
+            lustre=replace(
+                prod.storage.lustre, efa=True, storage_capacity_gib=28800 // 9600 * 9600
+            ),
+        ),
+    )
+    rec = run(run_program, efa)
+    fs = rec.one("aws:fsx/lustreFileSystem:LustreFileSystem").inputs
+    assert fs["efaEnabled"] is True
+    assert fs["metadataConfiguration"] == {"mode": "AUTOMATIC"}
+    everything = {
+        r.name: r.inputs["referencedSecurityGroupId"]
+        for r in rec.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+        if r.inputs["ipProtocol"] == "-1" and r.name.startswith("p-storage-lustre-efa-")
+    }
+    assert everything["p-storage-lustre-efa-self"] == "p-storage-lustre-sg-id"
+    assert everything["p-storage-lustre-efa-nodes"].startswith("sg-")
+    plain = run(run_program, prod)
+    assert (
+        "metadataConfiguration" not in plain.one("aws:fsx/lustreFileSystem:LustreFileSystem").inputs
+    )
+
+
 def test_data_repository_association_and_csi(
     run_program: Callable[..., Recorded], prod: PlatformConfig
 ) -> None:

@@ -134,13 +134,29 @@ def _aws_pool(pool: Mapping[str, Any], path: str, zones: set[str] | None) -> lis
         )
     zone = pool.get("availabilityZone")
     placement = pool.get("placementGroup", fabric == "efa")
+    capacity = pool.get("capacity")
+    reserved = isinstance(capacity, Mapping) and capacity.get("type") in (
+        "reservation",
+        "capacityBlock",
+    )
+    # A reservation or block holds instances in one zone; a node group given every zone's
+    # subnets launches outside it ("only specify the subnet in the same Availability Zone as
+    # the capacity reservation", EKS user guide, capacity-blocks-mng).
+    choices = f" (one of {', '.join(sorted(zones))})" if zones else ""
     if zone is None and (fabric == "efa" or placement is True):
         why = "EFA pools" if fabric == "efa" else "pools with a placement group"
         issues.append(
             ConfigIssue(
                 join_path(path, "availabilityZone"),
-                f"required: {why} must stay in one availability zone"
-                + (f" (one of {', '.join(sorted(zones))})" if zones else ""),
+                f"required: {why} must stay in one availability zone{choices}",
+            )
+        )
+    elif zone is None and reserved:
+        issues.append(
+            ConfigIssue(
+                join_path(path, "availabilityZone"),
+                "required: a reservation or capacity block holds instances in one zone; name "
+                f"that zone{choices} so the node group launches only there",
             )
         )
     if isinstance(zone, str) and zones is not None and zone not in zones:
