@@ -54,6 +54,20 @@ def swap_volume(name: str, volume: dict[str, Any]) -> Mutation:
     return mutate
 
 
+def shared_mount(sub_path: str | None, read_only: bool = False) -> Mutation:
+    """The trainer mounts the shared file system's claim again, at /x with this sub-path."""
+
+    def mutate(j: dict[str, Any]) -> None:
+        mount: dict[str, Any] = {"name": "checkpoints", "mountPath": "/x"}
+        if sub_path is not None:
+            mount["subPath"] = sub_path
+        if read_only:
+            mount["readOnly"] = True
+        trainer(j)["volumeMounts"].append(mount)
+
+    return mutate
+
+
 def add_capabilities(*names: str) -> Mutation:
     return lambda j: trainer(j).__setitem__("securityContext", {"capabilities": {"add": [*names]}})
 
@@ -179,6 +193,54 @@ CASES: list[tuple[str, str, Mutation | None, bool]] = [
     ),
     ("own-queue", "valid", None, True),
     ("own-queue", "another team's queue", lambda j: j["spec"].__setitem__("queue", "nlp"), False),
+    ("shared-filesystem-subpaths", "valid", None, True),
+    ("shared-filesystem-subpaths", "no subPath", shared_mount(None), False),
+    (
+        "shared-filesystem-subpaths",
+        "another team's checkpoints",
+        shared_mount("checkpoints/nlp"),
+        False,
+    ),
+    ("shared-filesystem-subpaths", "the checkpoints root", shared_mount("checkpoints"), False),
+    (
+        "shared-filesystem-subpaths",
+        "out of its directory",
+        shared_mount("checkpoints/vision/../nlp"),
+        False,
+    ),
+    (
+        "shared-filesystem-subpaths",
+        "a prefix of its name",
+        shared_mount("checkpoints/visionary"),
+        False,
+    ),
+    ("shared-filesystem-subpaths", "its own directory", shared_mount("checkpoints/vision"), True),
+    ("shared-filesystem-subpaths", "datasets read-only", shared_mount("datasets/x", True), True),
+    ("shared-filesystem-subpaths", "datasets writable", shared_mount("datasets/x"), False),
+    (
+        "shared-filesystem-subpaths",
+        "subPathExpr",
+        lambda j: trainer(j)["volumeMounts"].append(
+            {"name": "checkpoints", "mountPath": "/x", "subPathExpr": "checkpoints/$(TEAM)"}
+        ),
+        False,
+    ),
+    (
+        "shared-filesystem-subpaths",
+        "an init container without subPath",
+        lambda j: (
+            pod(j)
+            .setdefault("initContainers", [])
+            .append(
+                {
+                    "name": "peek",
+                    "image": "registry.example.com/a:1",
+                    "volumeMounts": [{"name": "checkpoints", "mountPath": "/all"}],
+                }
+            )
+        ),
+        False,
+    ),
     ("volcano-scheduled", "valid", None, True),
     (
         "volcano-scheduled",

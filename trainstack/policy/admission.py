@@ -19,6 +19,7 @@ from trainstack.policy.rules import (
     CHECKPOINT_ENV,
     CHECKPOINT_PATH,
     CONFINED_PROFILES,
+    DATASETS_DIR,
     DEVICE_PREFIXES,
     DEVICE_RESOURCES,
     GPU_TAINT_KEY,
@@ -27,6 +28,7 @@ from trainstack.policy.rules import (
     MAX_DURATION_ANNOTATION,
     PINNED_IMAGE,
     PROBES,
+    SHARED_CLAIM,
     VOLCANO_SCHEDULER,
     Config,
 )
@@ -58,6 +60,19 @@ def _is_device(key: str) -> str:
 
 def _q(expr: str) -> str:
     return f"quantity(string({expr})).asApproximateFloat()"
+
+
+def _shared_mounts(body: str) -> str:
+    """BODY (over `m`) holds for every mount, in any container, of a volume on the shared
+    file system's claim (`v`)."""
+    mounts = f"!has(c.volumeMounts) || c.volumeMounts.all(m, m.name != v.name || ({body}))"
+    return (
+        "variables.pods.all(p, !has(p.volumes) || p.volumes.all(v, "
+        "!has(v.persistentVolumeClaim) || "
+        f"v.persistentVolumeClaim.claimName != {_str(SHARED_CLAIM)} || "
+        f"(p.containers.all(c, {mounts}) && "
+        f"(!has(p.initContainers) || p.initContainers.all(c, {mounts})))))"
+    )
 
 
 def _first_container_mount(path: str, volume_test: str) -> str:
@@ -134,6 +149,13 @@ def expressions(cfg: Config) -> dict[str, str]:
             "has(p.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)))))"
         ),
         "own-queue": "has(object.spec.queue) && object.spec.queue == namespaceObject.metadata.name",
+        "shared-filesystem-subpaths": _shared_mounts(
+            "!has(m.subPathExpr) && has(m.subPath) && !m.subPath.contains('..') && "
+            "(m.subPath == 'checkpoints/' + namespaceObject.metadata.name || "
+            "m.subPath.startsWith('checkpoints/' + namespaceObject.metadata.name + '/') || "
+            f"(has(m.readOnly) && m.readOnly && (m.subPath == {_str(DATASETS_DIR)} || "
+            f"m.subPath.startsWith({_str(DATASETS_DIR + '/')}))))"
+        ),
         "volcano-scheduled": (
             "(!has(object.spec.schedulerName) || object.spec.schedulerName in "
             f"['', {_str(VOLCANO_SCHEDULER)}]) && variables.pods.all(p, "

@@ -256,6 +256,48 @@ def own_queue(job: Mapping[str, Any], cfg: Config) -> list[str]:
     return []
 
 
+# The team's claim on the shared file system (builders/storage.LUSTRE_CLAIM): its PV mounts
+# the whole file system, so the sub-path is what keeps one team out of another's checkpoints.
+SHARED_CLAIM = "lustre"
+DATASETS_DIR = "datasets"  # builders/storage.DATASETS_PATH, relative
+
+
+def shared_subpath_ok(sub: object, team: object, read_only: object) -> bool:
+    if not isinstance(sub, str) or ".." in sub:
+        return False
+    own = f"checkpoints/{team}"
+    if sub == own or sub.startswith(own + "/"):
+        return True
+    return read_only is True and (sub == DATASETS_DIR or sub.startswith(DATASETS_DIR + "/"))
+
+
+def shared_filesystem_subpaths(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    """Issue 17 #5: a job mounts the shared file system only at its team's checkpoint
+    directory, or read-only below datasets/. Without a sub-path (or with subPathExpr) the
+    team's PV gives the whole file system, every team's checkpoints included."""
+    del cfg
+    team = _map(job.get("metadata")).get("namespace")
+    found = []
+    for task, pod in pods(job):
+        shared = {
+            str(_map(v).get("name"))
+            for v in _seq(pod.get("volumes"))
+            if _map(_map(v).get("persistentVolumeClaim")).get("claimName") == SHARED_CLAIM
+        }
+        for c in containers(pod):
+            for m in (_map(x) for x in _seq(c.get("volumeMounts"))):
+                if str(m.get("name")) not in shared:
+                    continue
+                sub = m.get("subPath")
+                if "subPathExpr" in m or not shared_subpath_ok(sub, team, m.get("readOnly")):
+                    found.append(
+                        f"task {task}: {c.get('name')} mounts the shared file system at "
+                        f"{m.get('mountPath')} with subPath {sub!r}; allowed: "
+                        f"checkpoints/{team}/…, or read-only {DATASETS_DIR}/…"
+                    )
+    return found
+
+
 VOLCANO_SCHEDULER = "volcano"
 
 
@@ -491,6 +533,11 @@ K8S_RULES: tuple[Rule, ...] = (
     Rule("volcano-scheduled", "a job's pods are scheduled by Volcano in its queue",
          "leave schedulerName and the pod templates' priorityClassName unset (or "
          "schedulerName: volcano)", (VOLCANO_JOB,), volcano_scheduled),
+    Rule("shared-filesystem-subpaths",
+         "the shared file system is mounted only at the team's checkpoints, or read-only "
+         "at datasets",
+         "mount the team's lustre claim with subPath checkpoints/<team>/… or, readOnly, "
+         "datasets/… (the job layer does)", (VOLCANO_JOB,), shared_filesystem_subpaths),
     Rule("shm-sized", "/dev/shm is a sized, memory-backed volume",
          "set sharedMemory in the job spec", (VOLCANO_JOB,), shm_sized),
     Rule("no-privileged",
