@@ -148,6 +148,9 @@ class GpuNodePool(pulumi.ComponentResource):
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 min_size=spec.size.min, desired_size=spec.size.desired, max_size=spec.size.max
             ),
+            node_repair_config=aws.eks.NodeGroupNodeRepairConfigArgs(enabled=True)
+            if ng.node_repair(cfg)
+            else None,
             update_config=aws.eks.NodeGroupUpdateConfigArgs(
                 max_unavailable=1, update_strategy=ng.update_strategy(pool)
             ),

@@ -134,6 +134,19 @@ class PlatformStorage(pulumi.ComponentResource):
                         to_port=high,
                         opts=child,
                     )
+            # And back: Lustre servers open LNet connections to their clients too, so the
+            # nodes' group admits the same ports from the file system's (FSx Lustre guide,
+            # limit-access-security-groups: rules for the client security groups).
+            for low, high in b.LUSTRE_PORTS:
+                aws.vpc.SecurityGroupIngressRule(
+                    f"{name}-lustre-to-nodes-{low}",
+                    security_group_id=ctx.node_security_group_id,
+                    referenced_security_group_id=group.id,
+                    ip_protocol="tcp",
+                    from_port=low,
+                    to_port=high,
+                    opts=child,
+                )
             aws.vpc.SecurityGroupEgressRule(
                 f"{name}-lustre-out",
                 security_group_id=group.id,
@@ -302,7 +315,7 @@ class PlatformStorage(pulumi.ComponentResource):
                 child, pulumi.ResourceOptions(protect=cfg.environment == "production")
             ),
         )
-        aws.s3.BucketPublicAccessBlock(
+        access = aws.s3.BucketPublicAccessBlock(
             f"{name}-checkpoints",
             bucket=bucket.id,
             block_public_acls=True,
@@ -310,6 +323,12 @@ class PlatformStorage(pulumi.ComponentResource):
             ignore_public_acls=True,
             restrict_public_buckets=True,
             opts=child,
+        )
+        aws.s3.BucketPolicy(
+            f"{name}-checkpoints-tls",
+            bucket=bucket.id,
+            policy=bucket.arn.apply(lambda arn: json.dumps(b.checkpoint_bucket_policy(arn))),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[access])),
         )
         aws.s3.BucketOwnershipControls(
             f"{name}-checkpoints",

@@ -13,8 +13,8 @@ import pytest
 
 from components.gpu import GpuNodePool, GpuNodePoolArgs, GpuPlugins, GpuPluginsArgs
 from components.platform import Platform
-from tests.conftest import Recorded
-from trainstack.config import PlatformConfig, parse_stack_config
+from tests.conftest import ROOT, Recorded
+from trainstack.config import PlatformConfig, load_stack_file, parse_stack_config
 
 ZONES = ["us-east-1a", "us-east-1b"]
 GROUP_ARN = "arn:aws:resource-groups:us-east-1:111122223333:group/g"
@@ -498,3 +498,16 @@ def test_plugin_scheduling_values_are_valid_pod_fields(
             spec[key] = values[key]
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": spec}
     kubernetes_validate.validate(pod, "1.33", strict=True)
+
+
+@pytest.mark.parametrize(("stack", "repair"), [("prod", True), ("dev", False)])
+def test_gpu_nodes_are_repaired_where_their_health_is_watched(
+    run_program: Callable[..., Recorded], stack: str, repair: bool
+) -> None:
+    """Issue 17 (also-check): prod installs the node monitoring agent, so EKS replaces a GPU
+    node it finds unhealthy; dev has no agent, and repair would see only NotReady."""
+    cfg = load_stack_file(ROOT / "stacks" / f"Pulumi.{stack}.yaml")
+    assert isinstance(cfg, PlatformConfig)
+    rec = run_pool(run_program, cfg)
+    nodes = rec.one("aws:eks/nodeGroup:NodeGroup", "pool-nodes")
+    assert nodes.inputs.get("nodeRepairConfig") == ({"enabled": True} if repair else None)

@@ -61,6 +61,21 @@ def test_lustre_security_group_rules(
     }
     node_sg = next(v[2] for k, v in rules.items() if k.startswith("p-storage-lustre-nodes-"))
     assert node_sg.startswith("sg-")
+    # Both directions: the nodes admit LNet from the file system (issue 17, also-check).
+    back = {
+        r.name: (
+            r.inputs["fromPort"],
+            r.inputs["securityGroupId"],
+            r.inputs["referencedSecurityGroupId"],
+        )
+        for r in rec.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+        if r.name.startswith("p-storage-lustre-to-nodes-")
+    }
+    assert back == {
+        "p-storage-lustre-to-nodes-988": (988, node_sg, "p-storage-lustre-sg-id"),
+        "p-storage-lustre-to-nodes-1018": (1018, node_sg, "p-storage-lustre-sg-id"),
+    }
+    rules = {k: v for k, v in rules.items() if not k.startswith("p-storage-lustre-to-nodes-")}
     assert rules == {
         "p-storage-lustre-nodes-988": (988, 988, node_sg),
         "p-storage-lustre-nodes-1018": (1018, 1023, node_sg),
@@ -112,7 +127,14 @@ def test_data_repository_association_and_csi(
     assert dra.inputs["fileSystemId"] == "p-storage-lustre-id"
     assert dra.inputs["s3"]["autoImportPolicy"]["events"] == ["NEW", "CHANGED", "DELETED"]
     addon = rec.one("aws:eks/addon:Addon", "p-cluster-aws-fsx-csi-driver")
-    assert addon.inputs["podIdentityAssociations"][0]["serviceAccount"] == "fsx-csi-controller-sa"
+    # Static volumes only: the driver needs no AWS role, and AmazonFSxFullAccess could delete
+    # every file system in the account (issue 17, also-check).
+    assert "podIdentityAssociations" not in addon.inputs
+    policies = {
+        r.inputs["policyArn"]
+        for r in rec.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+    }
+    assert not any(p.endswith("/AmazonFSxFullAccess") for p in policies)
 
 
 def test_checkpoint_bucket_is_hardened(
@@ -131,6 +153,12 @@ def test_checkpoint_bucket_is_hardened(
             "restrictPublicBuckets",
         )
     )
+    # Issue 17 (also-check): nothing reaches the checkpoints without TLS.
+    policy = json.loads(rec.one("aws:s3/bucketPolicy:BucketPolicy").inputs["policy"])
+    [deny] = policy["Statement"]
+    assert deny["Effect"] == "Deny"
+    assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    assert deny["Resource"][1] == deny["Resource"][0] + "/*"
     versioning = rec.one("aws:s3/bucketVersioning:BucketVersioning").inputs
     assert versioning["versioningConfiguration"] == {"status": "Enabled"}
     sse = rec.one(

@@ -23,19 +23,21 @@ CNI_POLICY = f"{AWS_MANAGED}/AmazonEKS_CNI_Policy"
 EBS_CSI_POLICY = f"{AWS_MANAGED}/service-role/AmazonEBSCSIDriverPolicy"
 CLUSTER_ADMIN_ACCESS_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
 OIDC_AUDIENCE = "sts.amazonaws.com"
-# Add-ons that need AWS permissions get them through EKS Pod Identity.
+# Add-ons that need AWS permissions get them through EKS Pod Identity. Not the FSx CSI
+# driver: its controller calls AWS only to create, delete or resize file systems for dynamic
+# volumes (kubernetes-sigs/aws-fsx-csi-driver docs/install.md: the policy is for "dynamic
+# provisioning"), and trainstack's Lustre volumes are static PVs of a file system Pulumi
+# manages; AmazonFSxFullAccess would let it delete any file system in the account.
 # aws-node supports Pod Identity from v1.15.5 (EKS best practices, IAM: "The aws-node
 # daemonset supports EKS Pod Identities in versions v1.15.5 and later").
 ADDON_SERVICE_ACCOUNTS = {
     "vpc-cni": "aws-node",
     "aws-ebs-csi-driver": "ebs-csi-controller-sa",
-    "aws-fsx-csi-driver": "fsx-csi-controller-sa",
     "aws-efs-csi-driver": "efs-csi-controller-sa",
 }
 ADDON_POLICIES = {
     "vpc-cni": CNI_POLICY,
     "aws-ebs-csi-driver": EBS_CSI_POLICY,
-    "aws-fsx-csi-driver": f"{AWS_MANAGED}/AmazonFSxFullAccess",
     "aws-efs-csi-driver": f"{AWS_MANAGED}/service-role/AmazonEFSCSIDriverPolicy",
 }
 # EKS add-on configuration values (the add-on's configuration schema; `aws eks

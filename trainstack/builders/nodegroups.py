@@ -56,3 +56,16 @@ def launch_tags(cfg: PlatformConfig, pool: GpuPool) -> dict[str, str]:
         labels.POOL: pool.name,
         "Name": f"{cfg.cluster_name}-{pool.name}",
     }
+
+
+NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
+
+
+def node_repair(cfg: PlatformConfig) -> bool:
+    """Auto-repair GPU nodes when the node monitoring agent reports their health: without the
+    agent, repair acts only on the kubelet's Ready condition and deleted nodes, not on GPU or
+    EFA faults (EKS user guide, node-health, "Enable node auto repair"). A repaired
+    node's jobs restart from their last checkpoint, as after any eviction."""
+    if cfg.aws is None:
+        return False
+    return any(pin.name == NODE_MONITORING_AGENT for pin in cfg.aws.cluster.addons)

@@ -111,6 +111,24 @@ def irsa_trust_policy(
     }
 
 
+def checkpoint_bucket_policy(bucket_arn: str) -> dict[str, Any]:
+    """Refuse any request that is not over TLS ("aws:SecureTransport": "false"; S3 user guide,
+    security best practices, "Enforce encryption of data in transit")."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "DenyInsecureTransport",
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": "s3:*",
+                "Resource": [bucket_arn, f"{bucket_arn}/*"],
+                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+            }
+        ],
+    }
+
+
 def checkpoint_lifecycle_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
     storage = cfg.storage
     return [
