@@ -168,9 +168,16 @@ def test_checkpoint_bucket_is_hardened(
     assert rule["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "aws:kms"
     assert rule["bucketKeyEnabled"] is True
     lifecycle = rec.one("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
-    rule = lifecycle.inputs["rules"][0]
-    assert rule["expiration"] == {"days": 60}
-    assert rule["filter"] == {"prefix": "teams/"}
+    superseded, deleted = lifecycle.inputs["rules"]
+    # Only copies a newer checkpoint superseded expire by age: a job paused for longer than
+    # the retention keeps its latest checkpoint (issue 17, also-check).
+    assert superseded["expiration"] == {"days": 60}
+    assert superseded["filter"] == {
+        "and": {"prefix": "teams/", "tags": {"trainstack.io/superseded": "true"}}
+    }
+    assert "expiration" not in deleted
+    assert deleted["filter"] == {"prefix": "teams/"}
+    assert deleted["noncurrentVersionExpiration"] == {"noncurrentDays": 7}
     ownership = rec.one("aws:s3/bucketOwnershipControls:BucketOwnershipControls").inputs
     assert ownership["rule"] == {"objectOwnership": "BucketOwnerEnforced"}
 

@@ -129,17 +129,32 @@ def checkpoint_bucket_policy(bucket_arn: str) -> dict[str, Any]:
     }
 
 
+# A checkpoint copy a newer one replaced. S3 lifecycle rules cannot keep "the latest object
+# under each prefix", so age alone would also expire a paused job's only checkpoint; whoever
+# writes the copies tags those a newer checkpoint supersedes, and only they expire by age.
+SUPERSEDED_TAG = "trainstack.io/superseded"
+
+
 def checkpoint_lifecycle_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
+    """Superseded copies expire after retentionDays; a job's latest copy never does (issue 17:
+    a plain `expiration` on the prefix deleted the latest checkpoint of a job paused longer).
+    Deleted or overwritten versions go noncurrentVersionDays later (S3 user guide, lifecycle
+    configuration elements: a filter `and` of prefix and tags)."""
     storage = cfg.storage
     return [
         {
-            "id": "expire-old-checkpoints",
+            "id": "expire-superseded-checkpoints",
+            "status": "Enabled",
+            "filter": {"and": {"prefix": CHECKPOINT_PREFIX, "tags": {SUPERSEDED_TAG: "true"}}},
+            "expiration": {"days": storage.retention_days},
+        },
+        {
+            "id": "expire-deleted-checkpoint-versions",
             "status": "Enabled",
             "filter": {"prefix": CHECKPOINT_PREFIX},
-            "expiration": {"days": storage.retention_days},
             "noncurrentVersionExpiration": {"noncurrentDays": storage.noncurrent_version_days},
             "abortIncompleteMultipartUpload": {"daysAfterInitiation": 2},
-        }
+        },
     ]
 
 
