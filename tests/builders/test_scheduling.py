@@ -245,6 +245,12 @@ def test_preemption_switches_actions_and_drops_enqueue() -> None:
     off = s.scheduler_config(config([team("a", 8, ["h100"])], preemption=False))
     assert on["actions"] == "allocate, preempt, reclaim, backfill"
     assert off["actions"] == "enqueue, allocate, backfill"
+    # preemptible work goes first across nodes, not only on the first node that fits
+    # (actions/preempt/preempt.go: pickOneNodeForPreemption only with this argument)
+    assert on["configurations"] == [
+        {"name": "preempt", "arguments": {"enableTopologyAwarePreemption": True}}
+    ]
+    assert "configurations" not in off
     plugins = [p["name"] for tier in on["tiers"] for p in tier["plugins"]]
     assert "capacity" in plugins
     assert "proportion" not in plugins

@@ -105,16 +105,26 @@ def _pool_gpus(platform: Deployed, name: str) -> int:
     return per_node * (pool.aws.size.max if pool.aws else 0)
 
 
-def _saturate(platform: Deployed, team: str, pools: list[str], prefix: str) -> int:
+def _saturate(
+    platform: Deployed,
+    team: str,
+    pools: list[str],
+    prefix: str,
+    priority: str = "normal",
+    gpus: int | None = None,
+) -> int:
     """The team asks for everything: 8-GPU jobs filling each pool in turn, up to its
     capability. Once its running GPUs stop growing, what still waits is withdrawn (a pending
     request changes the proportion plugin's shares), and what runs is returned."""
     capability = _queue_gpus(platform, team, "capability")
+    if gpus is not None:
+        capability = min(capability, gpus)
     made, asked = [], 0
     for pool in pools:
         for index in range(min(_pool_gpus(platform, pool), capability - asked) // 8):
             job = jobs.rendered(
-                platform, jobs.spec(team, f"{prefix}-{pool}-{index}", pool=pool, gpus=8)
+                platform,
+                jobs.spec(team, f"{prefix}-{pool}-{index}", pool=pool, gpus=8, priority=priority),
             )
             jobs.submit(platform, job)
             made.append(job)
@@ -187,14 +197,33 @@ def test_a_confined_teams_guarantee_is_met_while_others_saturate(clean: Deployed
     assert _running(clean, "vision") >= _fair_floor(clean, "vision")
 
 
-def test_priority_preempts_inside_a_queue(clean: Deployed) -> None:
+def _running_class(platform: Deployed, team: str, short: str) -> int:
+    return sum(
+        8
+        for pod in platform.kube.list("v1", "Pod", team)
+        if pod["spec"].get("priorityClassName") == f"trainstack-{short}"
+        and pod.get("status", {}).get("phase") == "Running"
+    )
+
+
+def test_priority_preempts_inside_a_queue_preemptible_first(clean: Deployed) -> None:
     """docs/scheduling.md: at its limit, a team's higher-class job preempts one of its own
-    lower-class jobs (Volcano's preempt action works inside a queue)."""
-    low = _saturate(clean, "vision", ["h200-burst", "h100-block", "h100-reserved"], "low")
-    assert _running(clean, "vision", "h200-burst-") == _pool_gpus(clean, "h200-burst")
+    lower-class jobs (Volcano's preempt action works inside a queue), and `preemptible` work
+    goes first. vision runs normal and preemptible jobs side by side on h200-burst, and normal
+    ones on the H100s up to its capability; its urgent job on h200-burst takes the node of a
+    preemptible job, not a normal one. (The preemptible jobs come last: submitted earlier, the
+    normal ones would already have preempted them.)"""
+    capability = _queue_gpus(clean, "vision", "capability")
+    _saturate(clean, "vision", ["h200-burst"], "h200", gpus=16)
+    _saturate(clean, "vision", ["h100-block", "h100-reserved"], "h100", gpus=capability - 32)
+    _saturate(clean, "vision", ["h200-burst"], "spare", "preemptible", gpus=16)
+    assert _running(clean, "vision") == capability
+    assert _running_class(clean, "vision", "preemptible") == 16
+    normal = _running_class(clean, "vision", "normal")
     urgent = jobs.rendered(
         clean, jobs.spec("vision", "urgent", pool="h200-burst", gpus=8, priority="high")
     )
     jobs.submit(clean, urgent)
     jobs.wait_running(clean, urgent, timeout=60)
-    assert _running(clean, "vision") == low, "one of vision's own jobs made room"
+    assert _running_class(clean, "vision", "preemptible") == 8, "a preemptible job made room"
+    assert _running_class(clean, "vision", "normal") == normal, "no normal job was preempted"

@@ -393,7 +393,7 @@ def scheduler_config(cfg: PlatformConfig) -> dict[str, Any]:
                 "arguments": {"weight": 10, "hypernode.binpack.resources": GPU_RESOURCE},
             }
         )
-    return {
+    conf: dict[str, Any] = {
         "actions": ", ".join(actions),
         "tiers": [
             {
@@ -406,6 +406,17 @@ def scheduler_config(cfg: PlatformConfig) -> dict[str, Any]:
             {"plugins": tier2},
         ],
     }
+    if preempt:
+        # Which node a preemptor takes: by default Volcano walks nodes in score order and
+        # evicts the lowest-priority victims of the first node that fits, so a normal job can
+        # go while a preemptible one elsewhere keeps running (v1.15.1 actions/preempt/
+        # preempt.go normalPreempt). With this argument it picks, like kube-scheduler, the
+        # node whose highest-priority victim is lowest (pickOneNodeForPreemption), which is
+        # what `preemptible` promises (tests/e2e/test_guarantees.py, flat mode, showed it).
+        conf["configurations"] = [
+            {"name": "preempt", "arguments": {"enableTopologyAwarePreemption": True}}
+        ]
+    return conf
 
 
 def volcano_values(cfg: PlatformConfig) -> dict[str, Any]:
