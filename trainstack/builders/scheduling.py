@@ -411,8 +411,8 @@ def scheduler_config(cfg: PlatformConfig) -> dict[str, Any]:
         # evicts the lowest-priority victims of the first node that fits, so a normal job can
         # go while a preemptible one elsewhere keeps running (v1.15.1 actions/preempt/
         # preempt.go normalPreempt). With this argument it picks, like kube-scheduler, the
-        # node whose highest-priority victim is lowest (pickOneNodeForPreemption), which is
-        # what `preemptible` promises (tests/e2e/test_guarantees.py, flat mode, showed it).
+        # node whose highest-priority victim is lowest (pickOneNodeForPreemption), as
+        # `preemptible` promises; not yet reliably (docs/scheduling.md, test_guarantees.py).
         conf["configurations"] = [
             {"name": "preempt", "arguments": {"enableTopologyAwarePreemption": True}}
         ]
