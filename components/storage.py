@@ -123,30 +123,25 @@ class PlatformStorage(pulumi.ComponentResource):
                 tags={"Name": f"{cfg.cluster_name}-lustre"},
                 opts=child,
             )
-            for source, peer in (("nodes", ctx.node_security_group_id), ("self", group.id)):
+            # LNet from the nodes and between file servers; and back, since Lustre servers
+            # open connections to their clients too, so the nodes' group admits the same ports
+            # from the file system's (FSx Lustre guide, limit-access-security-groups).
+            nodes = ctx.node_security_group_id
+            for rule, target, peer in (
+                ("nodes", group.id, nodes),
+                ("self", group.id, group.id),
+                ("to-nodes", nodes, group.id),
+            ):
                 for low, high in b.LUSTRE_PORTS:
                     aws.vpc.SecurityGroupIngressRule(
-                        f"{name}-lustre-{source}-{low}",
-                        security_group_id=group.id,
+                        f"{name}-lustre-{rule}-{low}",
+                        security_group_id=target,
                         referenced_security_group_id=peer,
                         ip_protocol="tcp",
                         from_port=low,
                         to_port=high,
                         opts=child,
                     )
-            # And back: Lustre servers open LNet connections to their clients too, so the
-            # nodes' group admits the same ports from the file system's (FSx Lustre guide,
-            # limit-access-security-groups: rules for the client security groups).
-            for low, high in b.LUSTRE_PORTS:
-                aws.vpc.SecurityGroupIngressRule(
-                    f"{name}-lustre-to-nodes-{low}",
-                    security_group_id=ctx.node_security_group_id,
-                    referenced_security_group_id=group.id,
-                    ip_protocol="tcp",
-                    from_port=low,
-                    to_port=high,
-                    opts=child,
-                )
             aws.vpc.SecurityGroupEgressRule(
                 f"{name}-lustre-out",
                 security_group_id=group.id,
@@ -159,7 +154,7 @@ class PlatformStorage(pulumi.ComponentResource):
                 # traffic within itself and from its clients ("Insufficient security group
                 # permissions to create an EFA-enabled file system", FSx Lustre guide,
                 # cannot-create-fs; efa-file-systems).
-                for source, peer in (("nodes", ctx.node_security_group_id), ("self", group.id)):
+                for source, peer in (("nodes", nodes), ("self", group.id)):
                     aws.vpc.SecurityGroupIngressRule(
                         f"{name}-lustre-efa-{source}",
                         security_group_id=group.id,

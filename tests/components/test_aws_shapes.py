@@ -9,15 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pulumi
-import pulumi_aws as aws
 import pytest
 
-from components.gpu import GpuNodePool, GpuNodePoolArgs
 from components.platform import Platform
+from tests.components.test_gpu import efa_pool, platform, run_pool
 from tests.conftest import Recorded
 from trainstack.builders import eks as eks_builder
-from trainstack.config import PlatformConfig, load_stack_file, parse_stack_config
+from trainstack.config import PlatformConfig, load_stack_file
 
 STACKS = Path(__file__).parent.parent.parent / "stacks"
 RESERVATION_ID = "cr-0123456789abcdef0"
@@ -30,53 +28,14 @@ CAPACITIES = [
 
 
 def pool_config(capacity: dict[str, str]) -> PlatformConfig:
-    doc: dict[str, Any] = {
-        "cloud": "aws",
-        "kubernetesVersion": "1.33",
-        "aws": {
-            "region": "us-east-1",
-            "network": {
-                "vpcCidr": "10.0.0.0/16",
-                "availabilityZones": ["us-east-1a", "us-east-1b"],
-            },
-        },
-        "registry": {
-            "teams": [{"name": "vision", "owners": ["a@example.com"], "quota": {"gpus": 0}}]
-        },
-        "gpuPools": [
-            {
-                "name": "gpu",
-                "instanceType": "p5.48xlarge",
-                "fabric": "efa",
-                "availabilityZone": "us-east-1a",
-                "size": {"max": 2},
-                "capacity": capacity,
-            }
-        ],
-    }
-    config = parse_stack_config({"trainstack:platform": doc}, stack="t", source="test")
-    assert isinstance(config, PlatformConfig)
-    return config
+    return platform([efa_pool("p5.48xlarge", capacity=capacity)])
 
 
 def launch_template(run_program: Callable[..., Recorded], cfg: PlatformConfig) -> dict[str, Any]:
-    def program() -> None:
-        GpuNodePool(
-            "pool",
-            GpuNodePoolArgs(
-                config=cfg,
-                pool=cfg.gpu_pools[0],
-                cluster_name="c",
-                cluster_security_group_id="sg-cluster",
-                node_role_arn="arn:aws:iam::000000000000:role/node",
-                vpc_id="vpc-1",
-                subnet_ids=[pulumi.Output.from_input("subnet-a")],
-                provider=aws.Provider("aws", region="us-east-1"),
-            ),
-        )
-
-    rec = run_program(program)
-    return rec.one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt").inputs
+    inputs: dict[str, Any] = (
+        run_pool(run_program, cfg).one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt").inputs
+    )
+    return inputs
 
 
 @pytest.mark.parametrize("capacity", CAPACITIES)

@@ -33,6 +33,7 @@ from tests.e2e.cluster import ControlPlane
 from tests.e2e.conftest import Deployed, deploy_stack
 from tests.e2e.kube import wait_for
 from trainstack.builders.fabric import GPU_RESOURCE
+from trainstack.builders.pools import gpus_per_node, max_nodes
 from trainstack.preview.engine import Previewer, Project
 
 QUEUE = ("scheduling.volcano.sh/v1beta1", "Queue")
@@ -101,8 +102,20 @@ def _running(platform: Deployed, team: str, pool: str = "") -> int:
 def _pool_gpus(platform: Deployed, name: str) -> int:
     pool = platform.cfg.pool(name)
     assert pool is not None
-    per_node = 8  # every prod pool is 8 GPUs a node
-    return per_node * (pool.aws.size.max if pool.aws else 0)
+    return gpus_per_node(pool) * max_nodes(pool)
+
+
+def _run_guarantee(platform: Deployed, team: str, pool: str, prefix: str, priority: str) -> None:
+    """The team asks for its guarantee on `pool`, in 8-GPU jobs, and gets it within 90 s."""
+    guarantee = _queue_gpus(platform, team, "guarantee")
+    for index in range(guarantee // 8):
+        spec = jobs.spec(team, f"{prefix}-{index}", pool=pool, gpus=8, priority=priority)
+        jobs.submit(platform, jobs.rendered(platform, spec))
+    wait_for(
+        f"{team} running its {guarantee} guaranteed GPUs",
+        lambda: _running(platform, team) >= guarantee,
+        timeout=90,
+    )
 
 
 def _saturate(
@@ -164,16 +177,7 @@ def test_a_lender_reclaims_its_guarantee_from_a_borrower(clean: Deployed) -> Non
     assert borrowed > _fair_floor(clean, "vision"), "vision should be borrowing"
     block = _pool_gpus(clean, "h100-block")
     assert _running(clean, "vision", "h100-block-") + guarantee > block, "no room without reclaim"
-    for index in range(guarantee // 8):
-        spec = jobs.spec(
-            "nlp", f"lender-{index}", pool="h100-block", gpus=8, priority="preemptible"
-        )
-        jobs.submit(clean, jobs.rendered(clean, spec))
-    wait_for(
-        f"nlp running its {guarantee} guaranteed GPUs",
-        lambda: _running(clean, "nlp") >= guarantee,
-        timeout=90,
-    )
+    _run_guarantee(clean, "nlp", "h100-block", "lender", "preemptible")
     assert _running(clean, "vision") >= _fair_floor(clean, "vision")
 
 
@@ -186,14 +190,7 @@ def test_a_confined_teams_guarantee_is_met_while_others_saturate(clean: Deployed
     on_h200 = _running(clean, "vision", "h200-burst-")
     guarantee = _queue_gpus(clean, "recsys", "guarantee")
     assert on_h200 + guarantee > h200, "vision should hold the GPUs recsys needs"
-    for index in range(guarantee // 8):
-        spec = jobs.spec("recsys", f"confined-{index}", pool="h200-burst", gpus=8)
-        jobs.submit(clean, jobs.rendered(clean, spec))
-    wait_for(
-        f"recsys running its {guarantee} guaranteed GPUs",
-        lambda: _running(clean, "recsys") >= guarantee,
-        timeout=90,
-    )
+    _run_guarantee(clean, "recsys", "h200-burst", "confined", "normal")
     assert _running(clean, "vision") >= _fair_floor(clean, "vision")
 
 

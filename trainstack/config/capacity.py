@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from trainstack.catalog import lookup
+from trainstack.config.checks import dict_items
 from trainstack.config.errors import ConfigIssue, join_path
 from trainstack.config.model import GpuPool, Group, NodeGroupSize, PlatformConfig, Team
 
@@ -447,7 +448,7 @@ def mode_issues(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
         return []
     issues = []
     teams_path = join_path(root, "registry", "teams")
-    for index, team in _items(registry.get("teams")):
+    for index, team in dict_items(registry.get("teams")):
         quota = team.get("quota")
         if not isinstance(quota, Mapping):
             continue
@@ -469,7 +470,7 @@ def mode_issues(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
                 )
             )
     if mode == "flat":
-        for index, group in _items(registry.get("groups")):
+        for index, group in dict_items(registry.get("groups")):
             if "quota" in group:
                 issues.append(
                     ConfigIssue(
@@ -481,12 +482,6 @@ def mode_issues(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     return issues
 
 
-def _items(value: object) -> list[tuple[int, Mapping[str, Any]]]:
-    if not isinstance(value, list):
-        return []
-    return [(i, v) for i, v in enumerate(value) if isinstance(v, Mapping)]
-
-
 # -- the summary the preview prints -----------------------------------------------------------
 
 
@@ -494,6 +489,7 @@ def summary(cfg: PlatformConfig, now: datetime | None = None) -> dict[str, Any]:
     """Firm and elastic GPUs per pool and in all, and what the queues promise."""
     pools = supplies(cfg, now)
     teams = cfg.registry.teams
+    promised, groups = promises(cfg), envelopes(cfg)
     return {
         "pools": {
             name: {"kind": s.kind, "firm": s.firm, "elastic": s.elastic, "why": s.why}
@@ -503,12 +499,11 @@ def summary(cfg: PlatformConfig, now: datetime | None = None) -> dict[str, Any]:
         "elastic": sum(s.elastic for s in pools.values()),
         "total": sum(s.total for s in pools.values()),
         # What the checker weighs: teams' shares and the groups' headroom above them.
-        "guaranteed": sum(c.gpus for c in claims(promises(cfg), envelopes(cfg), "guarantee")),
-        "deserved": sum(c.gpus for c in claims(promises(cfg), envelopes(cfg), "deserved")),
+        "guaranteed": sum(c.gpus for c in claims(promised, groups, "guarantee")),
+        "deserved": sum(c.gpus for c in claims(promised, groups, "deserved")),
         "capability": sum(t.quota.capability_gpus for t in teams),
         "groups": {
-            g.name: dict(zip(("guarantee", "deserved"), group_envelope(cfg, g), strict=True))
-            for g in cfg.registry.groups
-            if cfg.scheduling.queue_mode == "hierarchical" and any(t.group == g.name for t in teams)
+            name: dict(zip(("guarantee", "deserved"), envelope, strict=True))
+            for name, envelope in groups.items()
         },
     }
