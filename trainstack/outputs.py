@@ -69,7 +69,7 @@ PLATFORM_OUTPUTS: Final[dict[str, tuple[str, bool, bool]]] = {
         "one per team, a JSON string: registry entry (group, namespace, owners, quota, "
         "maxJobHours, priorityClasses), `scheduling` (queue, pools, priority class names, "
         "GPUs, derived quota) and `storage` (claims, sub-paths, mount paths, service account, "
-        "S3 checkpoint URI, cache class)",
+        "checkpoint directory owner, S3 checkpoint URI, cache class)",
         True,
         True,
     ),

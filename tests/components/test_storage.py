@@ -12,6 +12,7 @@ import pytest
 
 from components.platform import Platform
 from tests.conftest import Recorded
+from trainstack.builders.storage import team_storage
 from trainstack.config import PlatformConfig, load_stack_file
 from trainstack.outputs import team_slice
 
@@ -326,6 +327,7 @@ def test_storage_output_for_the_job_layer(
         "checkpointSubPath": "checkpoints/vision",
         "checkpointMountPath": "/checkpoints",
         "serviceAccount": "training",
+        "checkpointOwner": 10001,
         "checkpointS3Uri": "s3://acme-trainstack-prod-checkpoints/teams/vision/",
     }
 
@@ -356,3 +358,5 @@ def test_efs_checkpoints_for_small_setups(run_program: Callable[..., Recorded]) 
     ]  # no dataset claim without a dataset file system
     addon = rec.one("aws:eks/addon:Addon", "p-cluster-aws-efs-csi-driver")
     assert addon.inputs["podIdentityAssociations"][0]["serviceAccount"] == "efs-csi-controller-sa"
+    # The access point's user owns what jobs write: no directory for the job layer to create.
+    assert "checkpointOwner" not in team_storage(cfg, cfg.registry.teams[0])

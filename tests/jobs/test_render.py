@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from trainstack.jobs.lifecycle import volcano_max_retry
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.render import render
 from trainstack.jobs.spec import Data, JobSpec, Topology, load_job
+from trainstack.outputs import team_output
 from trainstack.preview.plan import Plan, normalise
 
 DEMO = ROOT / "job_specs" / "vision" / "demo-train.yaml"
@@ -210,6 +213,54 @@ def test_parameter_server_mode_and_topology(view: PlatformView) -> None:
     assert spec["priorityClassName"] == "trainstack-high"
 
 
+BASELINE_CAPABILITIES = {  # Pod Security Standards, baseline: "Capabilities"
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+}  # fmt: skip
+
+
+def image_user() -> int:
+    """The uid the training images run as, from the base image's Dockerfile."""
+    text = (ROOT / "images" / "base" / "Dockerfile").read_text()
+    users = re.findall(r"^USER (\d+):\d+$", text, re.MULTILINE)
+    assert len(users) == 1, users
+    return int(users[0])
+
+
+def test_lustre_checkpoint_dirs_belong_to_the_images_user(view: PlatformView) -> None:
+    """The kubelet would create the job's checkpoint sub-path root-owned (mode of the volume
+    root, kubelet_pods.go makeMounts), and the non-root images could not write checkpoints.
+    An init container creates exactly the directory the trainer mounts, owned by its user."""
+    for path in (DEMO, PS):
+        spec = load_job(path)
+        for task in job(spec, view)["spec"]["tasks"]:
+            pod = task["template"]["spec"]
+            first = pod["initContainers"][0]
+            assert first["name"] == "checkpoint-dir"
+            uid = str(image_user())
+            assert first["command"][:7] == ["install", "-d", "-o", uid, "-g", uid, "-m"]
+            (team_mount,) = first["volumeMounts"]
+            trainer = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+            created = first["command"][-1].removeprefix(team_mount["mountPath"] + "/")
+            assert team_mount["name"] == trainer["/checkpoints"]["name"] == "checkpoints"
+            assert f"{team_mount['subPath']}/{created}" == trainer["/checkpoints"]["subPath"]
+            assert team_mount["subPath"] == "checkpoints/vision"  # the admission rule's form
+            caps = first["securityContext"]["capabilities"]
+            assert caps["drop"] == ["ALL"]
+            assert set(caps["add"]) <= BASELINE_CAPABILITIES
+
+
+def test_no_checkpoint_dir_where_the_platform_names_no_owner(view: PlatformView) -> None:
+    """EFS access points own what is written through them; older platforms say nothing."""
+    outputs = dict(view.outputs)
+    vision = dict(view.team("vision") or {})
+    vision["storage"] = {k: v for k, v in vision["storage"].items() if k != "checkpointOwner"}
+    outputs[team_output("vision")] = json.dumps(vision)
+    for task in job(load_job(DEMO), PlatformView(outputs))["spec"]["tasks"]:
+        names = [c["name"] for c in task["template"]["spec"].get("initContainers", [])]
+        assert "checkpoint-dir" not in names
+
+
 def test_nvme_cache_prewarms_before_training(example_plans: dict[str, Plan]) -> None:
     dev = PlatformView(example_plans["dev"].outputs)
     spec = dataclasses.replace(
@@ -220,7 +271,7 @@ def test_nvme_cache_prewarms_before_training(example_plans: dict[str, Plan]) -> 
     )
     spec = dataclasses.replace(spec, workers=dataclasses.replace(spec.workers, gpu_memory=None))
     pod = render(spec, dev, "vision")["spec"]["tasks"][0]["template"]["spec"]
-    init = pod["initContainers"][0]
+    init = next(c for c in pod["initContainers"] if c["name"] == "prewarm")
     assert init["command"][:4] == [
         "trainstack-prewarm",
         "fetch",

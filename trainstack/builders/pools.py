@@ -42,7 +42,9 @@ INSTANCE_STORE_MOUNT = "/mnt/k8s-disks/0"  # where nodeadm mounts the RAID0 arra
 # The NVMe cache's own directories on the array, published one by one (see cache_user_data).
 CACHE_ARRAY_DIR = f"{INSTANCE_STORE_MOUNT}/trainstack-cache"
 CACHE_VOLUME_PREFIX = "vol-"
-CACHE_OWNER_ID = 10001  # the training images' user (images/README.md)
+# The training images' user and group (images/README.md: "user `trainer` (UID/GID 10001)").
+TRAINING_UID = 10001
+CACHE_OWNER_ID = TRAINING_UID
 CACHE_SETUP_SCRIPT = "/usr/local/sbin/trainstack-nvme-cache"
 CACHE_SETUP_UNIT = "trainstack-nvme-cache.service"
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from trainstack.builders import labels
-from trainstack.builders.pools import CACHE_VOLUME_PREFIX, GPU_PRESENT_LABEL, GPU_TOLERATION
+from trainstack.builders.pools import (
+    CACHE_VOLUME_PREFIX,
+    GPU_PRESENT_LABEL,
+    GPU_TOLERATION,
+    TRAINING_UID,
+)
 from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig, Team
 
 LUSTRE_PORTS = ((988, 988), (1018, 1023))  # LNet, and the ports Lustre servers call back on
@@ -238,7 +243,9 @@ def fsx_volume_handle(file_system_id: str, team: Team) -> str:
 
 EFS_CSI_DRIVER = "efs.csi.aws.com"
 EFS_NOMINAL_GIB = 1024  # EFS is elastic; a PV still needs a capacity
-EFS_POSIX_ID = 1000  # the training images' non-root user
+# The access point's POSIX identity: EFS runs every operation through the access point as
+# this user, whatever the container's uid, so the images' user needs no match here.
+EFS_POSIX_ID = 1000
 NFS_PORT = 2049
 
 
@@ -340,6 +347,14 @@ def team_storage(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
             "checkpointMountPath": CHECKPOINTS_MOUNT,
             "serviceAccount": TRAINING_SERVICE_ACCOUNT,
         }
+    if storage.has_shared_filesystem and storage.has_checkpoint_volume:
+        # The kubelet creates a missing subPath directory as root, with the mode of the
+        # volume's root (k8s.io/kubernetes@v1.37.2 pkg/kubelet/kubelet_pods.go makeMounts:
+        # `perm, err := hu.GetMode(volumePath)` then `SafeMakeDir(subPath, volumePath, perm)`),
+        # so on Lustre a job's checkpoint directory would be root-owned 0755 and the images'
+        # non-root user could not write it. The job layer creates it first, owned by this uid.
+        # Not on EFS: the access point's POSIX user owns everything written through it.
+        entry["checkpointOwner"] = TRAINING_UID
     if storage.checkpoint_bucket is not None:
         entry["checkpointS3Uri"] = (
             f"s3://{storage.checkpoint_bucket}/{CHECKPOINT_PREFIX}{team.name}/"

@@ -286,14 +286,13 @@ def _pod(
         nproc = gpus
     requests = {"cpu": res.cpu, "memory": res.memory, **devices}
     limits = {"cpu": res.cpu_limit, "memory": res.memory_limit, **devices}
+    team_dir = storage.get("checkpointSubPath", f"checkpoints/{spec.team}")
     mounts: list[dict[str, Any]] = [
         {"name": "dshm", "mountPath": "/dev/shm"},
         {
             "name": "checkpoints",
             "mountPath": CHECKPOINTS_MOUNT,
-            "subPath": "/".join(
-                (storage.get("checkpointSubPath", f"checkpoints/{spec.team}"), spec.name)
-            ),
+            "subPath": f"{team_dir}/{spec.name}",
         },
     ]
     volumes: list[dict[str, Any]] = [
@@ -304,6 +303,9 @@ def _pod(
         },
     ]
     init: list[dict[str, Any]] = []
+    owner = storage.get("checkpointOwner")
+    if owner is not None:
+        init.append(_checkpoint_dir(spec, team_dir, int(owner)))
     if spec.data is not None and spec.data.source == "lustre":
         claim = storage.get("datasetClaim", "datasets")
         # One pod volume per claim: the kubelet keys CSI volumes by driver and handle, so a
@@ -429,6 +431,46 @@ def _pod(
     if init:
         pod_spec["initContainers"] = init
     return {"metadata": metadata, "spec": pod_spec}
+
+
+TEAM_CHECKPOINTS = "/team-checkpoints"
+
+
+def _checkpoint_dir(spec: JobSpec, team_dir: str, owner: int) -> dict[str, Any]:
+    """An init container that creates the job's checkpoint directory, owned by `owner`.
+
+    Left to the kubelet, the directory would be root-owned with the mode of the volume's root
+    (see builders/storage.py team_storage), and the images' user could not write it. It
+    mounts the team's directory, which the admission rule allows, and `install -d` also
+    repairs the owner and mode of a directory an earlier job left root-owned. Root with
+    only CHOWN, DAC_OVERRIDE and FOWNER, all in Pod Security baseline's list.
+    """
+    return {
+        "name": "checkpoint-dir",
+        "image": spec.image,
+        "command": [
+            "install",
+            "-d",
+            "-o",
+            str(owner),
+            "-g",
+            str(owner),
+            "-m",
+            "0750",
+            f"{TEAM_CHECKPOINTS}/{spec.name}",
+        ],
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]},
+        },
+        "resources": _resources(
+            {"cpu": "100m", "memory": "64Mi"}, {"cpu": "100m", "memory": "64Mi"}
+        ),
+        "volumeMounts": [
+            {"name": "checkpoints", "mountPath": TEAM_CHECKPOINTS, "subPath": team_dir}
+        ],
+    }
 
 
 def _task(spec: JobSpec, view: PlatformView, name: str, replicas: int, gpus: int) -> dict[str, Any]:
