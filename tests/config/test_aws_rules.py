@@ -21,6 +21,13 @@ GROUP_ARN = "arn:aws:resource-groups:us-east-1:111122223333:group/gpus"
 APPEND = "+"
 RESERVATION = "reservation id (cr-…)"
 EC2_RESERVATION_ARN = "arn:aws:ec2:us-east-1:111122223333:capacity-reservation/cr-1"
+CORE_PINS = {  # every add-on an EKS platform installs, pinned as in stacks/Pulumi.prod.yaml
+    "vpc-cni": "v1.20.4-eksbuild.1",
+    "coredns": "v1.12.2-eksbuild.4",
+    "kube-proxy": "v1.33.3-eksbuild.6",
+    "eks-pod-identity-agent": "v1.3.8-eksbuild.2",
+    "aws-ebs-csi-driver": "v1.48.0-eksbuild.1",
+}
 
 
 def base() -> dict[str, Any]:
@@ -220,7 +227,7 @@ REFUSED = [
         id="access-entry-for-an-iam-group",
     ),
     pytest.param(
-        {"aws.cluster": {"addons": {"vpc-cni": "1.20.4"}}},
+        {"aws.cluster": {"addons": {**CORE_PINS, "vpc-cni": "1.20.4"}}},
         [
             f"{P}aws.cluster.addons.vpc-cni: '1.20.4' does not match the expected format "
             "^v[0-9]+\\.[0-9]+\\.[0-9]+-eksbuild\\.[0-9]+$"
@@ -228,7 +235,7 @@ REFUSED = [
         id="addon-version-not-an-eks-build",
     ),
     pytest.param(
-        {"aws.cluster": {"addons": {"VPC_CNI": "v1.20.4-eksbuild.1"}}},
+        {"aws.cluster": {"addons": {**CORE_PINS, "VPC_CNI": "v1.20.4-eksbuild.1"}}},
         [f"{P}aws.cluster.addons: 'VPC_CNI' does not match the expected format ^[a-z][a-z0-9-]*$"],
         id="addon-name-format",
     ),
@@ -420,6 +427,30 @@ REFUSED = [
         id="checkpoint-bucket-name",
     ),
     pytest.param(
+        {"aws.cluster": {"addons": {"vpc-cni": "v1.20.4-eksbuild.1"}}},
+        [
+            f"{P}aws.cluster.addons: pins 1 add-on versions but not {addon} (every EKS cluster "
+            "gets it), which EKS would install at its default version; pin it (aws eks "
+            f"describe-addon-versions --addon-name {addon} --kubernetes-version <version>) or "
+            "pin none"
+            for addon in ("kube-proxy", "coredns", "eks-pod-identity-agent", "aws-ebs-csi-driver")
+        ],
+        id="addons-pinned-in-part",
+    ),
+    pytest.param(
+        {
+            "aws.cluster": {"addons": CORE_PINS},
+            "storage": {"lustre": {"deploymentType": "SCRATCH_2", "storageCapacityGiB": 1200}},
+        },
+        [
+            f"{P}aws.cluster.addons: pins 5 add-on versions but not aws-fsx-csi-driver "
+            "(storage.lustre needs it), which EKS would install at its default version; pin it "
+            "(aws eks describe-addon-versions --addon-name aws-fsx-csi-driver "
+            "--kubernetes-version <version>) or pin none"
+        ],
+        id="addons-pinned-but-not-the-fsx-csi-driver",
+    ),
+    pytest.param(
         {"storage": {"efs": {"throughputMode": "provisioned"}}},
         [f"{P}storage.efs.throughputMode: 'provisioned' is not one of elastic, bursting"],
         id="efs-throughput-mode-not-offered",
@@ -464,16 +495,16 @@ ACCEPTED: list[Any] = [
                     "arn:aws:iam::111122223333:role/admins",
                     "arn:aws:iam::111122223333:user/alice",
                 ],
-                "addons": {"vpc-cni": "v1.20.4-eksbuild.1"},
+                "addons": CORE_PINS,
             },
         },
         lambda c: (
             c.aws.cluster.endpoint.public_cidrs,
             len(c.aws.cluster.logging),
             c.aws.cluster.log_retention_days,
-            [(a.name, a.version) for a in c.aws.cluster.addons if a.version],
+            {a.name: a.version for a in c.aws.cluster.addons},
         ),
-        (("203.0.113.0/24",), 5, 3653, [("vpc-cni", "v1.20.4-eksbuild.1")]),
+        (("203.0.113.0/24",), 5, 3653, CORE_PINS),
         id="cluster-settings-eks-accepts",
     ),
     pytest.param(
@@ -593,6 +624,15 @@ ACCEPTED: list[Any] = [
         lambda c: (c.storage.lustre.data_repository.bucket, c.storage.checkpoint_bucket),
         ("acme-ml.datasets", "acme-checkpoints"),
         id="s3-bucket-names-and-import-events",
+    ),
+    pytest.param(
+        {
+            "aws.cluster": {"addons": {**CORE_PINS, "aws-fsx-csi-driver": "v1.7.0-eksbuild.1"}},
+            "storage": {"lustre": {"deploymentType": "SCRATCH_2", "storageCapacityGiB": 1200}},
+        },
+        lambda c: {a.name: a.version for a in c.aws.cluster.addons}["aws-fsx-csi-driver"],
+        "v1.7.0-eksbuild.1",
+        id="addons-all-pinned-with-lustre",
     ),
     pytest.param(
         {"storage": {"efs": {"throughputMode": "bursting"}}},

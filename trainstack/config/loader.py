@@ -133,6 +133,7 @@ def _platform_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     aws = doc.get("aws")
     if isinstance(aws, Mapping):
         issues.extend(_aws_checks(aws, join_path(root, "aws")))
+        issues.extend(_addon_pin_checks(aws, doc.get("storage"), join_path(root, "aws")))
     registry = doc.get("registry")
     if isinstance(registry, Mapping):
         issues.extend(_registry_checks(registry, join_path(root, "registry"), _pool_names(doc)))
@@ -160,6 +161,33 @@ def _aws_checks(aws: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     if isinstance(cluster, Mapping):
         issues.extend(_cluster_checks(cluster, join_path(root, "cluster")))
     return issues
+
+
+def _addon_pin_checks(aws: Mapping[str, Any], storage: object, root: str) -> list[ConfigIssue]:
+    """A stack that pins add-on versions pins every add-on it installs.
+
+    EKS installs an add-on created without a version at its default for the cluster version
+    (EKS API reference, CreateAddon `addonVersion`; `aws eks describe-addon-versions` marks the
+    default), so the unpinned one would differ between two clusters built from one stack.
+    """
+    cluster = aws.get("cluster")
+    pins = cluster.get("addons") if isinstance(cluster, Mapping) else None
+    if not isinstance(pins, Mapping) or not pins:
+        return []
+    needed = _storage_addons(storage if isinstance(storage, Mapping) else {})
+    why = dict.fromkeys(CORE_ADDONS, "every EKS cluster gets it") | {
+        addon: f"storage.{key} needs it" for key, addon in STORAGE_ADDONS.items()
+    }
+    missing = [a for a in (*CORE_ADDONS, *needed) if a not in pins]
+    return [
+        ConfigIssue(
+            join_path(root, "cluster", "addons"),
+            f"pins {len(pins)} add-on versions but not {addon} ({why[addon]}), which EKS "
+            "would install at its default version; pin it (aws eks describe-addon-versions "
+            f"--addon-name {addon} --kubernetes-version <version>) or pin none",
+        )
+        for addon in missing
+    ]
 
 
 def _network_checks(network: Mapping[str, Any], region: object, net_path: str) -> list[ConfigIssue]:
@@ -442,10 +470,13 @@ def _build_aws(aws: dict[str, Any], storage: Mapping[str, Any]) -> m.AwsSettings
 CORE_ADDONS = ("vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent", "aws-ebs-csi-driver")
 
 
+# The CSI driver each kind of storage needs, as an EKS add-on.
+STORAGE_ADDONS = {"lustre": "aws-fsx-csi-driver", "efs": "aws-efs-csi-driver"}
+
+
 def _storage_addons(storage: Mapping[str, Any]) -> tuple[str, ...]:
     """CSI drivers the configured storage needs, as EKS add-ons."""
-    needed = {"lustre": "aws-fsx-csi-driver", "efs": "aws-efs-csi-driver"}
-    return tuple(addon for key, addon in needed.items() if key in storage)
+    return tuple(addon for key, addon in STORAGE_ADDONS.items() if key in storage)
 
 
 def _addons(pins: Mapping[str, str], needed: tuple[str, ...]) -> tuple[m.AddonPin, ...]:
