@@ -15,12 +15,14 @@ import typer
 import yaml
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from trainstack import yamlio
 from trainstack.config import ConfigError, TeamStackConfig, load_stack_file
 from trainstack.diff.cli import register as _register_diff
 from trainstack.diff.cli import select_changed as _select_changed
-from trainstack.jobs.spec import is_job_document, load_job
+from trainstack.documents import document_kind
+from trainstack.jobs.spec import load_job
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan, normalise, write_plan
 from trainstack.preview.summary import capacity_renderables
@@ -30,12 +32,14 @@ EXIT_USER_ERROR = 1
 EXIT_POLICY_VIOLATION = 3
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-console = Console(highlight=False)
-errors = Console(stderr=True, highlight=False)
+# Markup off: user text (patterns like ^[a-z]([-a-z0-9]*[a-z0-9])?$, paths, values) prints
+# verbatim; rich would take its bracket groups for markup tags and drop them.
+console = Console(highlight=False, markup=False)
+errors = Console(stderr=True, highlight=False, markup=False)
 
 
 def _fail(message: str) -> typer.Exit:
-    errors.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    errors.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
     return typer.Exit(EXIT_USER_ERROR)
 
 
@@ -67,7 +71,7 @@ def print_policy_report(plan: Plan) -> None:
     for column in ("rule", "level", "resource", "message and fix"):
         table.add_column(column, overflow="fold")
     for v in plan.violations:
-        table.add_row(v["rule"], v["level"], v["resource"], v["message"])
+        table.add_row(*(Text(v[key]) for key in ("rule", "level", "resource", "message")))
     console.print(table)
 
 
@@ -101,18 +105,24 @@ def preview(
     except (ConfigError, pulumi.RunError) as err:
         raise _fail(str(err)) from None
     if violating:
-        errors.print(f"[bold red]policy:[/] mandatory violations in {', '.join(violating)}")
+        errors.print(
+            Text.assemble(
+                ("policy: ", "bold red"), f"mandatory violations in {', '.join(violating)}"
+            )
+        )
         raise typer.Exit(EXIT_POLICY_VIOLATION)
 
 
 def _validate_one(path: Path, previewer: Previewer | None, stack: str | None) -> str:
     """What `path` is, once it passed every check that applies to it (or ConfigError)."""
-    if is_job_document(yamlio.read(path)):
-        spec = load_job(path)
+    if document_kind(yamlio.read(path), str(path)) == "job":
         if previewer is not None and stack is not None:
-            previewer.render_job(stack, path)  # platform checks: pool, shape, quota, storage
-            return f"job {spec.name}, fits stack {stack}"
-        return f"job {spec.name}"
+            # Schema, intrinsic, platform and mandatory policy checks, all in one report.
+            manifest, issues = previewer.job_issues(stack, path)
+            if issues or manifest is None:
+                raise ConfigError(str(path), issues)
+            return f"job {manifest['metadata']['name']}, fits stack {stack}"
+        return f"job {load_job(path).name}"
     config = load_stack_file(path)
     return f"{'team' if isinstance(config, TeamStackConfig) else 'platform'} stack"
 
@@ -121,7 +131,10 @@ def _validate_one(path: Path, previewer: Previewer | None, stack: str | None) ->
 def validate(
     files: Annotated[list[Path], typer.Argument(help="Stack files and job specs to check.")],
     stack: Annotated[
-        str | None, typer.Option(help="Also check job specs against this team stack's platform.")
+        str | None,
+        typer.Option(
+            help="Also check job specs against this team stack's platform and its policies."
+        ),
     ] = None,
     project_dir: Annotated[Path, typer.Option(help="Folder with Pulumi.yaml.")] = Path("."),
 ) -> None:
@@ -140,7 +153,7 @@ def validate(
             errors.print(str(err), soft_wrap=True)
             failed = True
             continue
-        console.print(f"{path}: ok ({what})")
+        console.print(f"{path}: ok ({what})", soft_wrap=True)
     if failed:
         raise typer.Exit(EXIT_USER_ERROR)
 

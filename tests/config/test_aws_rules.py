@@ -236,7 +236,10 @@ REFUSED = [
     ),
     pytest.param(
         {"aws.cluster": {"addons": {**CORE_PINS, "VPC_CNI": "v1.20.4-eksbuild.1"}}},
-        [f"{P}aws.cluster.addons: 'VPC_CNI' does not match the expected format ^[a-z][a-z0-9-]*$"],
+        [
+            f"{P}aws.cluster.addons.VPC_CNI: 'VPC_CNI' does not match the expected format "
+            "^[a-z][a-z0-9-]*$"
+        ],
         id="addon-name-format",
     ),
     pytest.param(

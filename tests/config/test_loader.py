@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainstack.config import ConfigError, PlatformConfig, TeamStackConfig, load_stack_file
+from trainstack.yamlio import YamlSyntaxError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 VALID = sorted((FIXTURES / "valid").glob("*.yaml"))
@@ -31,10 +32,13 @@ def test_invalid_fixture_reports_exactly_its_errors(path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_stack_file(path)
     assert {str(issue) for issue in caught.value.issues} == expected
-    # One clean, user-facing message naming the file and the count.
     text = str(caught.value)
-    assert text.startswith(f"{path}: {len(expected)} config error")
     assert "Traceback" not in text
+    if isinstance(caught.value, YamlSyntaxError):  # one line: file, line, column, problem
+        assert re.fullmatch(rf"{re.escape(str(path))}:\d+:\d+: .+", text), text
+        return
+    # One clean, user-facing message naming the file and the count.
+    assert text.startswith(f"{path}: {len(expected)} config error")
 
 
 def test_fixture_tables_are_not_empty() -> None:

@@ -17,6 +17,7 @@ from tests.conftest import ROOT, STACKS
 from trainstack import yamlio
 from trainstack.config.loader import PLATFORM_KEY, STACK_KINDS
 from trainstack.config.schema import fast_validator, schema_issues, validator
+from trainstack.yamlio import YamlSyntaxError
 
 CONFIG_FIXTURES = sorted((ROOT / "tests" / "config" / "fixtures").rglob("*.yaml"))
 JOB_FILES = sorted((ROOT / "tests" / "jobs" / "fixtures").rglob("*.yaml")) + sorted(
@@ -27,16 +28,19 @@ JOB_FILES = sorted((ROOT / "tests" / "jobs" / "fixtures").rglob("*.yaml")) + sor
 def documents() -> Iterator[tuple[str, str, Any]]:
     """(id, schema file, document) for every stack file, fixture, job spec and the catalog."""
     for path in [*CONFIG_FIXTURES, *sorted(STACKS.glob("Pulumi.*.yaml"))]:
-        config = (yamlio.load(path.read_text(encoding="utf-8")) or {}).get("config") or {}
+        try:
+            config = (yamlio.load(path.read_text(encoding="utf-8")) or {}).get("config") or {}
+        except YamlSyntaxError:
+            continue  # duplicate keys: refused before any schema runs
         for key, schema in STACK_KINDS.items():
             if key in config:
                 yield f"{path.parent.name}/{path.name}", schema, config[key]
     for path in JOB_FILES:
-        yield (
-            f"jobs/{path.parent.name}/{path.name}",
-            "job.schema.json",
-            yamlio.load(path.read_text(encoding="utf-8")),
-        )
+        try:
+            doc = yamlio.load(path.read_text(encoding="utf-8"))
+        except YamlSyntaxError:
+            continue
+        yield f"jobs/{path.parent.name}/{path.name}", "job.schema.json", doc
     catalog = ROOT / "trainstack" / "data" / "instances.yaml"
     yield "instances.yaml", "instances.schema.json", yamlio.load(catalog.read_text())
 
@@ -74,6 +78,25 @@ def mutations(doc: Any) -> Iterator[Any]:
             yield mutated
 
 
+def has_float(node: Any) -> bool:
+    if isinstance(node, dict):
+        return any(has_float(v) for v in node.values())
+    if isinstance(node, list):
+        return any(has_float(v) for v in node)
+    return isinstance(node, float)
+
+
+def test_floats_never_reach_the_compiled_validator() -> None:
+    """It counts 2.0 as an integer; a count written 2.0 must still be refused."""
+    doc = yamlio.load((ROOT / "job_specs" / "vision" / "demo-train.yaml").read_text())
+    doc["spec"]["workers"]["gpus"] = 2.0
+    fast = fast_validator("job.schema.json")
+    assert fast is not None
+    assert fast.is_valid(doc)  # why the strict one must decide
+    issues = schema_issues("job.schema.json", doc, "job")
+    assert [str(i) for i in issues] == ["job.spec.workers.gpus: expected integer, got number 2.0"]
+
+
 CASES = list(documents())
 
 
@@ -86,10 +109,12 @@ def test_compiled_and_reference_validators_agree(schema: str, doc: Any) -> None:
     reference = validator(schema)
     checked = 0
     for candidate in [doc, *mutations(doc)]:
+        if has_float(candidate):
+            continue  # the compiled validator counts 2.0 as an integer: never asked (schema.py)
         expected = not any(True for _ in reference.iter_errors(candidate))
         assert fast.is_valid(candidate) is expected, candidate
         checked += 1
-    assert checked > 1
+    assert checked > 1 or has_float(doc)
 
 
 def test_cases_cover_every_schema_and_invalid_documents() -> None:

@@ -11,7 +11,7 @@ from tests.conftest import ROOT
 from trainstack.config import ConfigError
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.render import platform_issues
-from trainstack.jobs.spec import load_job
+from trainstack.jobs.spec import load_job, parse_job
 from trainstack.preview.plan import Plan
 
 INVALID = sorted((Path(__file__).parent / "fixtures" / "invalid").glob("*.yaml"))
@@ -30,18 +30,28 @@ def test_there_are_at_least_fifteen_typical_mistakes() -> None:
     assert len(INVALID) >= 15
 
 
+def every_issue(path: Path, view: PlatformView) -> set[str]:
+    """All a user is told in one run: schema, intrinsic and platform problems together."""
+    try:
+        spec, issues = parse_job(path)
+    except ConfigError as err:  # not YAML
+        return {str(i) for i in err.issues}
+    if spec is not None:
+        issues += platform_issues(spec, view, "vision")
+    return {str(i) for i in issues}
+
+
 @pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
 def test_mistake_is_reported_precisely(path: Path, example_plans: dict[str, Plan]) -> None:
     want = expected(path)
     assert want, f"{path.name} has no '# expect:' line"
-    if not is_platform_case(path):
-        with pytest.raises(ConfigError) as caught:
-            load_job(path)
-        assert {str(i) for i in caught.value.issues} == want
-        return
-    spec = load_job(path)  # valid on its own; wrong for this platform
     view = PlatformView(example_plans["prod"].outputs)
-    assert {str(i) for i in platform_issues(spec, view, "vision")} == want
+    assert every_issue(path, view) == want
+    if is_platform_case(path):
+        return
+    with pytest.raises(ConfigError) as caught:  # found without a platform too
+        load_job(path)
+    assert {str(i) for i in caught.value.issues} == want
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)

@@ -342,7 +342,10 @@ def test_preview_fails_on_a_job_that_breaks_a_rule(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "o" / "vision" / "plan.json").read_text())["policy"]
     messages = [v["message"] for v in report["violations"] if v["rule"] == "pinned-images"]
     assert messages, report
-    assert all("is not from an allowed registry" in m for m in messages)
+    # What is allowed, not only what is not (issue 18, class 9).
+    assert all(
+        "is not from an allowed registry (allowed: trusted.example.com/)" in m for m in messages
+    )
     assert all(
         "Fix: use image:tag or image@sha256:… from an allowed registry" in m for m in messages
     )
@@ -355,3 +358,13 @@ def test_advisory_rules_warn_without_failing(
     job["spec"]["queue"] = "nlp"
     found = evaluate([(VOLCANO_JOB, "j", job)], {}, {"own-queue": "advisory"})
     assert [(v.rule, v.level) for v in found] == [("own-queue", "advisory")]
+
+
+def test_advisory_names_are_exactly_the_rules() -> None:
+    """`policy.advisory` is checked against the rule names at the edge (an unknown name used to
+    be ignored, leaving the meant rule mandatory); the schema's list must follow the pack."""
+    from trainstack.config.schema import load_schema  # noqa: PLC0415
+    from trainstack.policy.rules import RULES, STACK_RULES  # noqa: PLC0415
+
+    advisory = load_schema("platform.schema.json")["properties"]["policy"]["properties"]["advisory"]
+    assert advisory["items"]["enum"] == sorted(r.name for r in (*RULES, *STACK_RULES))

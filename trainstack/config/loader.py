@@ -21,7 +21,7 @@ from trainstack.config.checks import dict_items, duplicate_names, size_issues
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean, join_path
 from trainstack.config.monitoring import build_monitoring, monitoring_checks
 from trainstack.config.pools import build_pools, network_zones, pool_checks
-from trainstack.config.schema import apply_defaults, schema_issues
+from trainstack.config.schema import apply_defaults, load_schema, schema_issues
 from trainstack.config.storage import build_storage, storage_checks
 
 PLATFORM_KEY = "trainstack:platform"
@@ -59,6 +59,7 @@ def _parse_stack_config(values: Mapping[str, Any], *, stack: str, source: str) -
             ConfigIssue(key, f"unknown config key{did_you_mean(key, STACK_KINDS)}")
             for key in unknown
         ]
+        issues += _unnamespaced(values) if not present else []
         found = " and ".join(present) if present else "neither"
         issues.append(
             ConfigIssue(
@@ -92,9 +93,44 @@ def _parse_stack_config(values: Mapping[str, Any], *, stack: str, source: str) -
     )
 
 
+def _unnamespaced(values: Mapping[str, Any]) -> list[ConfigIssue]:
+    """Settings written without their `trainstack:` section, each with where it belongs."""
+    issues = []
+    for key, value in values.items():
+        name = str(key).split(":")[-1]
+        section = f"trainstack:{name}"
+        if section in STACK_KINDS and isinstance(value, Mapping):
+            issues.append(
+                ConfigIssue(
+                    join_path("config", str(key)),
+                    f"Pulumi config keys are namespaced by project: write {section}:",
+                )
+            )
+            continue
+        for section, schema in STACK_KINDS.items():
+            if name in load_schema(schema).get("properties", {}):
+                issues.append(
+                    ConfigIssue(
+                        join_path("config", str(key)),
+                        f"belongs under {section}: write `{section}:` and indent {name} below it",
+                    )
+                )
+                break
+    return issues
+
+
 def read_stack_file(path: Path) -> dict[str, Any]:
     """The `config:` block of a Pulumi stack file, or ConfigError if it is not YAML."""
     data = yamlio.read(path)
+    if data is None:
+        raise ConfigError(
+            str(path), [ConfigIssue("file", "is empty; a stack file has a config: map")]
+        )
+    if isinstance(data, dict) and "kind" in data and "config" not in data:
+        raise ConfigError(
+            str(path),
+            [ConfigIssue("kind", f"{data['kind']!r}: this is a job spec, not a stack file")],
+        )
     if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
         raise ConfigError(str(path), [ConfigIssue("config", "the stack file has no config: map")])
     return cast(dict[str, Any], data["config"])

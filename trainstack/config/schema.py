@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+import math
+from collections.abc import Callable, Iterator, Mapping
 from functools import cache
 from importlib import resources
 from typing import Any, cast
 
 import jsonschema_rs
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, FormatChecker, validators
 from jsonschema.exceptions import ValidationError
 from referencing import Registry, Resource
 
+from trainstack.config import k8s_syntax
 from trainstack.config.errors import ConfigIssue, did_you_mean, join_path
 
 SCHEMA_FILES = (
@@ -52,12 +54,52 @@ def load_schema(filename: str) -> dict[str, Any]:
     return schema
 
 
+# Strings bound for Kubernetes fields carry a `format` naming Kubernetes' own rule
+# (config/k8s_syntax.py), so the schema layer reports them with their field, in the same pass.
+K8S_FORMATS: dict[str, tuple[str, Callable[[str], list[str]]]] = {
+    "k8s-label-key": ("Kubernetes label key", k8s_syntax.qualified_name),
+    "k8s-label-value": ("Kubernetes label value", k8s_syntax.label_value),
+    # ValidateCSIDriverName lower-cases the name before the subdomain check.
+    "k8s-csi-driver": ("CSI driver name", lambda v: k8s_syntax.dns1123_subdomain(v.lower())),
+    "k8s-image": (
+        "image reference (name:tag or name@sha256:<64 lowercase hex>)",
+        k8s_syntax.image_reference,
+    ),
+    "k8s-quantity": ("Kubernetes quantity", k8s_syntax.quantity),
+    "k8s-env-name": ("environment variable name", k8s_syntax.env_var_name),
+}
+
+
+def _format_checker() -> FormatChecker:
+    checker = FormatChecker(formats=())
+    for name, (_, rule) in K8S_FORMATS.items():
+        checker.checks(name)(lambda value, rule=rule: not isinstance(value, str) or not rule(value))
+    return checker
+
+
+def _is_integer(checker: object, instance: object) -> bool:
+    """Only ints are integers. JSON Schema counts 2.0 as one (2020-12 core, "integer": "any
+    number with a zero fractional part"), and a YAML `gpus: 2.0` then reached torchrun's
+    arguments and the device requests as '2.0', failing at run time."""
+    del checker
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+StrictValidator: Any = validators.extend(  # type: ignore[no-untyped-call]  # untyped upstream
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+)
+
+
 @cache
 def validator(filename: str) -> Draft202012Validator:
     """Compiled once per process: previews of many stacks reuse it."""
     schema = load_schema(filename)
     Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema, registry=_registry())
+    strict: Draft202012Validator = StrictValidator(
+        schema, registry=_registry(), format_checker=_format_checker()
+    )
+    return strict
 
 
 @cache
@@ -67,7 +109,25 @@ def fast_validator(filename: str) -> jsonschema_rs.Validator | None:
     schema = load_schema(filename)
     if any(not ref.startswith("#") for ref in _refs(schema)):
         return None
-    return jsonschema_rs.Draft202012Validator(schema)
+    # With formats on it would also check date-time and the like, which the reference
+    # validator leaves to the loader's own checks: only Kubernetes' formats, on both.
+    return jsonschema_rs.Draft202012Validator(
+        _only_k8s_formats(schema),
+        formats={name: lambda v, rule=rule: not rule(v) for name, (_, rule) in K8S_FORMATS.items()},
+        validate_formats=True,
+    )
+
+
+def _only_k8s_formats(node: Any) -> Any:
+    if isinstance(node, Mapping):
+        return {
+            key: _only_k8s_formats(value)
+            for key, value in node.items()
+            if not (key == "format" and isinstance(value, str) and value not in K8S_FORMATS)
+        }
+    if isinstance(node, list):
+        return [_only_k8s_formats(item) for item in node]
+    return node
 
 
 def _refs(node: object) -> Iterator[str]:
@@ -94,21 +154,45 @@ def schema_issues(filename: str, document: object, root: str) -> list[ConfigIssu
     jsonschema's full report. tests/config/test_schema_parity.py holds the two to the same
     verdict on every fixture.
     """
+    floats = list(_floats(document, ()))
     fast = fast_validator(filename)
-    if fast is not None:
+    # The compiled validator takes 2.0 for an integer: documents with floats get the strict one.
+    if fast is not None and not floats:
         try:
             if fast.is_valid(document):
                 return []
         except (TypeError, ValueError):
             pass  # a YAML type JSON lacks (dates): the full report says what is wrong
-    issues: list[ConfigIssue] = []
+    # No field wants .inf or .nan, and NaN passes every minimum and maximum: each is refused
+    # here, once, instead of crashing arithmetic later (round(nan)).
+    bad = {where: value for where, value in floats if not math.isfinite(value)}
+    issues = [
+        ConfigIssue(join_path(root, *where), f"{value!r} is not a finite number")
+        for where, value in bad.items()
+    ]
     for error in validator(filename).iter_errors(document):
-        issues.extend(_to_issues(error, root))
+        if tuple(error.absolute_path) not in bad:
+            issues.extend(_to_issues(error, root))
     return issues
+
+
+def _floats(
+    node: object, where: tuple[str | int, ...]
+) -> Iterator[tuple[tuple[str | int, ...], float]]:
+    if isinstance(node, float):
+        yield where, node
+    elif isinstance(node, Mapping):
+        for key, value in node.items():
+            yield from _floats(value, (*where, str(key)))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _floats(value, (*where, index))
 
 
 def _to_issues(error: ValidationError, root: str) -> Iterator[ConfigIssue]:
     path = join_path(root, *error.absolute_path)
+    if "propertyNames" in error.schema_path and isinstance(error.instance, str):
+        path = join_path(path, error.instance)  # a key's own error: name the key
     value = error.instance
     if error.validator == "additionalProperties" and isinstance(value, Mapping):
         schema: Mapping[str, Any] = error.schema if isinstance(error.schema, Mapping) else {}
@@ -129,20 +213,27 @@ def _to_issues(error: ValidationError, root: str) -> Iterator[ConfigIssue]:
 
 def _message(error: ValidationError) -> str:
     value, expected = error.instance, error.validator_value
-    if error.validator == "enum":
-        choices = [str(c) for c in cast(list[object], expected)]
-        return f"{value!r} is not one of {', '.join(choices)}{did_you_mean(str(value), choices)}"
-    if error.validator == "type":
-        return f"expected {expected}, got {json_type(value)} {value!r}"
-    if error.validator == "pattern":
-        schema = error.schema if isinstance(error.schema, Mapping) else {}
-        about = f" ({schema['description']})" if "description" in schema else ""
-        return f"{value!r} does not match the expected format {expected}{about}"
-    if error.validator == "uniqueItems":
-        return "items must be unique; remove the duplicate"
-    if error.validator == "const":
-        return f"{value!r} must be {expected!r}"
-    return error.message
+    match error.validator:
+        case "enum":
+            choices = [str(c) for c in cast(list[object], expected)]
+            hint = did_you_mean(str(value), choices)
+            message = f"{value!r} is not one of {', '.join(choices)}{hint}"
+        case "type":
+            message = f"expected {expected}, got {json_type(value)} {value!r}"
+        case "pattern":
+            schema = error.schema if isinstance(error.schema, Mapping) else {}
+            about = f" ({schema['description']})" if "description" in schema else ""
+            message = f"{value!r} does not match the expected format {expected}{about}"
+        case "format" if expected in K8S_FORMATS and isinstance(value, str):
+            what, rule = K8S_FORMATS[expected]
+            message = f"{value!r} is not a valid {what}: {'; '.join(rule(value))}"
+        case "uniqueItems":
+            message = "items must be unique; remove the duplicate"
+        case "const":
+            message = f"{value!r} must be {expected!r}{did_you_mean(str(value), [str(expected)])}"
+        case _:
+            message = error.message
+    return message
 
 
 def apply_defaults(filename: str, document: Any) -> Any:

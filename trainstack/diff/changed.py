@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import yaml
-
+from trainstack import yamlio
 from trainstack.config import ConfigError, ConfigIssue
 from trainstack.preview.engine import Project
 
@@ -85,8 +84,8 @@ def _stack_kinds(project: Project) -> dict[str, dict[str, Any]]:
     kinds: dict[str, dict[str, Any]] = {}
     for stack in project.stacks():
         try:
-            doc = yaml.safe_load(project.stack_file(stack).read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError):
+            doc = yamlio.read(project.stack_file(stack)) or {}
+        except ConfigError:  # unreadable or not YAML: the preview reports it
             doc = {}
         team = (doc.get("config") or {}).get("trainstack:team") if isinstance(doc, dict) else None
         kinds[stack] = team if isinstance(team, dict) else {}

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from trainstack.config import ConfigError
 from trainstack.diff.changed import Selection, stacks_changed_since
@@ -16,8 +17,9 @@ from trainstack.diff.render import to_json, to_markdown
 from trainstack.diff.report import DiffReport, diff_plans
 
 EXIT_USER_ERROR = 1
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Markup off: stack names, paths and messages print verbatim (see trainstack/cli.py).
+out = Console(highlight=False, soft_wrap=True, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 
 class Format(StrEnum):
@@ -69,7 +71,7 @@ def diff(
     try:
         report = diff_paths(base, head)
     except PlanError as error:
-        err.print(f"[bold red]error:[/] {error}", markup=True)
+        err.print(Text.assemble(("error: ", "bold red"), str(error)))
         raise typer.Exit(EXIT_USER_ERROR) from None
     markdown, document = to_markdown(report), to_json(report)
     for path, text in ((markdown_out, markdown), (json_out, document)):
@@ -87,7 +89,7 @@ def changed_stacks(
     try:
         selection = stacks_changed_since(project_dir, since)
     except ConfigError as error:
-        err.print(f"[bold red]error:[/] {error}", markup=True)
+        err.print(Text.assemble(("error: ", "bold red"), str(error)))
         raise typer.Exit(EXIT_USER_ERROR) from None
     for stack in selection.stacks:
         print(stack)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainstack.config.errors import ConfigError, ConfigIssue
-from trainstack.jobs.spec import JobSpec, load_job
+from trainstack.jobs.spec import JobSpec, parse_job
 
 
 def job_files(root: Path, patterns: tuple[str, ...]) -> list[Path]:
@@ -26,7 +26,8 @@ def load_jobs(root: Path, patterns: tuple[str, ...], source: str) -> list[JobSpe
 
 
 def collect_jobs(root: Path, patterns: tuple[str, ...]) -> tuple[list[JobSpec], list[ConfigIssue]]:
-    """The specs that load, and the problems of those that do not (paths prefixed by file)."""
+    """The specs that could be built (even with intrinsic problems, so platform checks run on
+    them too), and every problem found (paths prefixed by file)."""
     specs: list[JobSpec] = []
     issues: list[ConfigIssue] = []
     names: dict[str, Path] = {}
@@ -36,9 +37,11 @@ def collect_jobs(root: Path, patterns: tuple[str, ...]) -> tuple[list[JobSpec], 
     for path in job_files(root, patterns):
         relative = path.relative_to(root)
         try:
-            spec = load_job(path)
-        except ConfigError as err:
-            issues += [ConfigIssue(f"{relative}: {i.path}", i.message) for i in err.issues]
+            spec, found = parse_job(path)
+        except ConfigError as err:  # not YAML
+            spec, found = None, list(err.issues)
+        issues += [ConfigIssue(f"{relative}: {i.path}", i.message) for i in found]
+        if spec is None:
             continue
         if spec.name in names:
             issues.append(

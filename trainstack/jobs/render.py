@@ -96,21 +96,26 @@ def _shape_issues(spec: JobSpec, pool: Mapping[str, Any]) -> list[ConfigIssue]:
                 f"{node.gpu_memory_gib}Gi; choose a larger-GPU pool",
             )
         )
-    res = spec.workers.resources
-    if cpu_millis(res.cpu) > node.vcpu * 1000:
-        issues.append(
-            ConfigIssue(
-                "job.spec.workers.cpu",
-                f"{res.cpu} CPUs per replica, but a {node.name} node has {node.vcpu}",
+    # Every task's replicas run on the pool's nodes (parameter servers too: one gang, one
+    # pool), so a task that no node can hold keeps the whole gang pending forever.
+    tasks = [("workers", spec.workers.resources)]
+    if spec.parameter_servers is not None:
+        tasks.append(("parameterServers", spec.parameter_servers.resources))
+    for task, res in tasks:
+        if cpu_millis(res.cpu) > node.vcpu * 1000:
+            issues.append(
+                ConfigIssue(
+                    f"job.spec.{task}.cpu",
+                    f"{res.cpu} CPUs per replica, but a {node.name} node has {node.vcpu}",
+                )
             )
-        )
-    if memory_bytes(res.memory) > node.memory_gib * 2**30:
-        issues.append(
-            ConfigIssue(
-                "job.spec.workers.memory",
-                f"{res.memory} per replica, but a {node.name} node has {node.memory_gib}Gi",
+        if memory_bytes(res.memory) > node.memory_gib * 2**30:
+            issues.append(
+                ConfigIssue(
+                    f"job.spec.{task}.memory",
+                    f"{res.memory} per replica, but a {node.name} node has {node.memory_gib}Gi",
+                )
             )
-        )
     return issues
 
 

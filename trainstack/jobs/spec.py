@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from trainstack_runtime.contract import CHECKPOINT_DIR_DEFAULT, ENV_CHECKPOINT_DIR
+
 from trainstack import yamlio
+from trainstack.builders import labels
+from trainstack.config import k8s_syntax
 from trainstack.config.errors import ConfigError, ConfigIssue, join_path
 from trainstack.config.schema import apply_defaults, schema_issues
 from trainstack.policy.rules import is_pinned
@@ -105,8 +110,8 @@ class JobSpec:
 
 def _image_issues(image: object, path: str) -> list[ConfigIssue]:
     """The policy's pinning rule (`is_pinned`), with a message that says what to change."""
-    if not isinstance(image, str) or is_pinned(image):
-        return []
+    if not isinstance(image, str) or is_pinned(image) or k8s_syntax.image_reference(image):
+        return []  # pinned, or not a reference at all (the schema's k8s-image format says so)
     pin = "pin a version tag or a digest (@sha256:…)"
     if "@" in image:
         why = "has a malformed digest (@sha256: and 64 lowercase hex characters)"
@@ -159,9 +164,19 @@ def intrinsic_issues(doc: Mapping[str, Any], root: str = "job") -> list[ConfigIs
                 "task and index and must stay within 63",
             )
         )
+    issues += _reserved_label_issues(meta, join_path(root, "metadata", "labels"))
     if not isinstance(spec, Mapping):
         return issues
     spath = join_path(root, "spec")
+    env = spec.get("env")
+    if isinstance(env, Mapping) and ENV_CHECKPOINT_DIR in env:
+        issues.append(
+            ConfigIssue(
+                join_path(spath, "env", ENV_CHECKPOINT_DIR),
+                f"set by trainstack to the checkpoint volume's mount ({CHECKPOINT_DIR_DEFAULT}); "
+                "a value here would be replaced, so remove it",
+            )
+        )
     issues += _image_issues(spec.get("image"), join_path(spath, "image"))
     mode = spec.get("mode", "dataParallel")
     if mode == "parameterServer" and "parameterServers" not in spec:
@@ -190,6 +205,7 @@ def intrinsic_issues(doc: Mapping[str, Any], root: str = "job") -> list[ConfigIs
                 join_path(spath, "data", "cacheFrom"), "only used with source: cache; remove it"
             )
         )
+    issues += _checkpoint_issues(spec, spath)
     shm, workers = spec.get("sharedMemory"), spec.get("workers")
     if isinstance(shm, str) and isinstance(workers, Mapping):
         limits = workers.get("limits") if isinstance(workers.get("limits"), Mapping) else {}
@@ -206,6 +222,51 @@ def intrinsic_issues(doc: Mapping[str, Any], root: str = "job") -> list[ConfigIs
         except AssertionError:
             pass  # malformed quantities are schema errors
     return issues
+
+
+# Labels the job layer sets on every Job and pod (trainstack/jobs/render.py job_labels); a
+# spec's own value would be overwritten without a word, so they are refused instead.
+RESERVED_LABEL_PREFIX = f"{labels.PREFIX}/"
+RESERVED_LABELS = (labels.MANAGED_BY,)
+
+
+def _reserved_label_issues(meta: object, path: str) -> list[ConfigIssue]:
+    given = meta.get("labels") if isinstance(meta, Mapping) else None
+    if not isinstance(given, Mapping):
+        return []
+    return [
+        ConfigIssue(
+            join_path(path, str(key)),
+            "is set by trainstack on every job and pod; a value here would be replaced, so "
+            "remove it or use a key outside trainstack.io/",
+        )
+        for key in given
+        if str(key).startswith(RESERVED_LABEL_PREFIX) or key in RESERVED_LABELS
+    ]
+
+
+def _checkpoint_issues(spec: Mapping[str, Any], path: str) -> list[ConfigIssue]:
+    """A job must be able to checkpoint before its maximum duration ends it."""
+    checkpoint, hours = spec.get("checkpoint"), spec.get("maxDurationHours")
+    interval = checkpoint.get("intervalSeconds") if isinstance(checkpoint, Mapping) else None
+    if not (
+        isinstance(interval, int)
+        and not isinstance(interval, bool)
+        and isinstance(hours, int | float)
+        and not isinstance(hours, bool)
+        and math.isfinite(hours)
+    ):
+        return []  # the schema reports wrong types and non-finite numbers
+    if interval < hours * 3600:
+        return []
+    return [
+        ConfigIssue(
+            join_path(path, "checkpoint", "intervalSeconds"),
+            f"{interval} s is not shorter than maxDurationHours {hours} ({round(hours * 3600)} "
+            "s): the job would end before its first checkpoint; lower the interval or raise "
+            "the duration",
+        )
+    ]
 
 
 def _resources(replica: Mapping[str, Any]) -> Resources:
@@ -277,32 +338,40 @@ def is_job_document(doc: object) -> bool:
 
 # A team stack's preview loads its specs twice, in the pre-check and in the program (which
 # must also work alone under `pulumi up`); both get one parse per file version.
-_loaded: dict[tuple[str, int, int], JobSpec | ConfigError] = {}
+_parsed: dict[tuple[str, int, int], tuple[JobSpec | None, tuple[ConfigIssue, ...]]] = {}
 
 
-def load_job(path: Path) -> JobSpec:
-    """Schema + intrinsic checks in one pass (every error at once), then the typed spec."""
+def parse_job(path: Path) -> tuple[JobSpec | None, list[ConfigIssue]]:
+    """The spec and every problem found without a platform, in one pass.
+
+    The spec is built whenever the document matches the schema, even if it breaks an
+    intrinsic rule (an unpinned image, say), so the platform checks can run on it too and a
+    user sees every error at once, not one pass per fix.
+    """
     try:
         stat = path.stat()
     except OSError:
-        return _load_job(path)  # yamlio.read reports it
+        return _parse_job(path)  # yamlio.read reports it
     key = (str(path), stat.st_mtime_ns, stat.st_size)
-    if key not in _loaded:
-        try:
-            _loaded[key] = _load_job(path)
-        except ConfigError as err:
-            _loaded[key] = err
-    result = _loaded[key]
-    if isinstance(result, ConfigError):
-        raise result
-    return result
+    if key not in _parsed:  # a file that is not YAML raises here, each time
+        spec, issues = _parse_job(path)
+        _parsed[key] = (spec, tuple(issues))
+    spec, found = _parsed[key]
+    return spec, list(found)
 
 
-def _load_job(path: Path) -> JobSpec:
+def load_job(path: Path) -> JobSpec:
+    """The typed spec, or one ConfigError with every problem found without a platform."""
+    spec, issues = parse_job(path)
+    if issues or spec is None:
+        raise ConfigError(str(path), issues)
+    return spec
+
+
+def _parse_job(path: Path) -> tuple[JobSpec | None, list[ConfigIssue]]:
     doc = yamlio.read(path)
     issues = schema_issues(SCHEMA, doc, "job")
-    if isinstance(doc, Mapping):
-        issues += intrinsic_issues(doc)
+    intrinsic = intrinsic_issues(doc) if isinstance(doc, Mapping) else []
     if issues:
-        raise ConfigError(str(path), issues)
-    return build(doc, str(path))
+        return None, [*issues, *intrinsic]
+    return build(doc, str(path)), intrinsic

@@ -215,7 +215,11 @@ def pinned_images(job: Mapping[str, Any], cfg: Config) -> list[str]:
             elif cfg.allowed_registries and not any(
                 image.startswith(r) for r in cfg.allowed_registries
             ):
-                found.append(f"task {task}: image {image!r} is not from an allowed registry")
+                allowed = ", ".join(cfg.allowed_registries)
+                found.append(
+                    f"task {task}: image {image!r} is not from an allowed registry "
+                    f"(allowed: {allowed})"
+                )
     return found
 
 
@@ -447,7 +451,10 @@ def no_privileged(job: Mapping[str, Any], cfg: Config) -> list[str]:
             if path is not None and not any(
                 str(path).startswith(p) for p in cfg.allowed_host_paths
             ):
-                found.append(f"task {task}: hostPath {path} is not allow-listed")
+                allowed = ", ".join(cfg.allowed_host_paths) or "none"
+                found.append(
+                    f"task {task}: hostPath {path} is not allow-listed (allowed: {allowed})"
+                )
         found += _baseline(task, pod, task_annotations)
     return found
 

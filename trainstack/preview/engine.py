@@ -6,8 +6,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from trainstack import yamlio
 from trainstack.config import (
     ConfigError,
     ConfigIssue,
@@ -21,8 +20,9 @@ from trainstack.config.errors import did_you_mean
 from trainstack.jobs.files import collect_jobs
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.render import platform_issues, render
-from trainstack.jobs.spec import load_job
+from trainstack.jobs.spec import parse_job
 from trainstack.policy.pack import evaluate
+from trainstack.policy.rules import VOLCANO_JOB
 from trainstack.policy.settings import levels, pack_config
 from trainstack.preview.plan import Plan
 from trainstack.preview.synth import PROJECT, synth
@@ -40,7 +40,7 @@ class Project:
         for folder in (start, *start.parents):
             project_file = folder / "Pulumi.yaml"
             if project_file.is_file():
-                data = yaml.safe_load(project_file.read_text(encoding="utf-8")) or {}
+                data = yamlio.read(project_file) or {}
                 return cls(folder, folder / str(data.get("stackConfigDir", ".")))
         raise ConfigError(
             str(start), [ConfigIssue("Pulumi.yaml", "no Pulumi project found here or above")]
@@ -125,7 +125,19 @@ class Previewer:
             raise ConfigError(f"stack {config.stack}", issues)
 
     def render_job(self, stack: str, spec_path: Path) -> dict[str, Any]:
-        """The Volcano Job a team stack would create for one spec (`trainstack render-job`)."""
+        """The Volcano Job a team stack would create for one spec (`trainstack render-job`),
+        or one ConfigError with every problem: schema, intrinsic, platform and policy."""
+        manifest, issues = self.job_issues(stack, spec_path)
+        if issues or manifest is None:
+            raise ConfigError(str(spec_path), issues)
+        return manifest
+
+    def job_issues(
+        self, stack: str, spec_path: Path
+    ) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
+        """One spec against a team stack's platform, in one pass: the rendered Job (None if it
+        cannot be rendered) and every problem the preview would report for it, the
+        mandatory policy rules included, so `validate --stack` and the preview agree."""
         config, _ = self.load(stack)
         if not isinstance(config, TeamStackConfig):
             raise ConfigError(
@@ -133,14 +145,31 @@ class Previewer:
                 [ConfigIssue("stack", f"{stack!r} is a platform stack; name a team stack")],
             )
         platform_plan = self._platform_for(config)
-        return render(load_job(spec_path), PlatformView(platform_plan.outputs), config.team)
+        spec, issues = parse_job(spec_path)
+        if spec is None:
+            return None, issues
+        view = PlatformView(platform_plan.outputs)
+        found = platform_issues(spec, view, config.team)
+        if found:
+            return None, [*issues, *found]
+        manifest = render(spec, view, config.team)
+        platform, _ = self.load(config.platform_stack_name)
+        assert isinstance(platform, PlatformConfig)
+        violations = evaluate(
+            [(VOLCANO_JOB, spec.name, manifest)], pack_config(platform), levels(platform)
+        )
+        issues += [
+            ConfigIssue(f"policy {v.rule}", v.message) for v in violations if v.level == "mandatory"
+        ]
+        return manifest, issues
 
     def _platform_for(self, config: TeamStackConfig) -> Plan:
         org, project, name = config.platform_stack.split("/")
         del org  # any organisation: offline, the stack file is the platform stack
+        source = str(self.project.stack_file(config.stack))
         if project != PROJECT:
             raise ConfigError(
-                f"stack {config.stack}",
+                source,
                 [
                     ConfigIssue(
                         "trainstack:team.platformStack",
@@ -149,10 +178,23 @@ class Previewer:
                     )
                 ],
             )
+        if not self.project.stack_file(name).is_file():
+            known = self.project.stacks()
+            raise ConfigError(
+                source,
+                [
+                    ConfigIssue(
+                        "trainstack:team.platformStack",
+                        f"{config.platform_stack!r} names stack {name!r}, which has no stack "
+                        f"file here{did_you_mean(name, known)} (stacks: "
+                        f"{', '.join(known) or 'none'}); point it at the platform stack",
+                    )
+                ],
+            )
         platform_config, _ = self.load(name)
         if not isinstance(platform_config, PlatformConfig):
             raise ConfigError(
-                f"stack {config.stack}",
+                source,
                 [
                     ConfigIssue(
                         "trainstack:team.platformStack",
@@ -163,7 +205,7 @@ class Previewer:
         if platform_config.registry.team(config.team) is None:
             names = [t.name for t in platform_config.registry.teams]
             raise ConfigError(
-                f"stack {config.stack}",
+                source,
                 [
                     ConfigIssue(
                         "trainstack:team.team",
