@@ -6,7 +6,7 @@ STACK  ?= dev
 STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: setup preview test lint typecheck unit faults goldens bench-runtime bench-preview clean \
-	e2e-tools e2e bench-scheduling
+	e2e-tools e2e bench-scheduling fuzz
 
 # Reinstall only when the dependency declarations change.
 $(STAMP): pyproject.toml images/runtime/pyproject.toml images/prewarm/pyproject.toml
@@ -34,6 +34,14 @@ unit: setup
 
 faults: setup
 	$(BIN)/pytest -q -m faults
+
+# Mutation fuzzing of stack files and job specs (tests/fuzz/README.md). `make test` runs a fixed,
+# derandomized budget; this runs ten times more from a random seed (FUZZ_SEED=N repeats a run).
+fuzz: setup
+	seed=$${FUZZ_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; \
+	echo "fuzz seed: $$seed (FUZZ_SEED=$$seed make fuzz repeats this run)"; \
+	TRAINSTACK_FUZZ_MUTANTS=20000 TRAINSTACK_FUZZ_PREVIEWS=1000 TRAINSTACK_FUZZ_RANDOM=1 \
+		$(BIN)/pytest -q --timeout=0 --hypothesis-seed=$$seed tests/fuzz
 
 goldens: setup
 	TRAINSTACK_UPDATE_GOLDENS=1 $(BIN)/pytest -q tests/test_goldens.py

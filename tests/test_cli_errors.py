@@ -175,7 +175,8 @@ def test_validate_with_a_stack_gives_the_previews_verdict(tmp_path: Path) -> Non
 
 def test_every_error_of_a_job_in_one_pass(tmp_path: Path) -> None:
     root = project(tmp_path)
-    text = DEMO.replace(":2025Q1", ":latest").replace("gpus: 1", "gpus: 3")
+    text = re.sub(r"image: .*", "image: registry.example.com/vision/demo:latest", DEMO)
+    text = text.replace("gpus: 1", "gpus: 3")
     bad = root / "job_specs" / "vision" / "demo-train.yaml"
     bad.write_text(text.replace("maxDurationHours: 24", "maxDurationHours: 2000"))
     result = run("validate", "--stack", "vision", str(bad), "--project-dir", str(root))
@@ -196,4 +197,17 @@ def test_a_missing_platform_stack_names_the_team_stack_and_its_field(tmp_path: P
         r"trainstack:team\.platformStack: 'organization/trainstack/prd' names stack 'prd', which "
         r"has no stack file here \(did you mean 'prod'\?\)",
         result.output,
+    )
+
+
+def test_line_numbers_and_keys_are_not_read_as_emoji_codes(tmp_path: Path) -> None:
+    """rich turned `:100:` (line 100) and `trainstack:tea:` into emoji."""
+    path = tmp_path / "Pulumi.x.yaml"
+    path.write_text("config:\n" + "  # filler\n" * 98 + "  a: 1\n  a: 2\n")
+    result = run("validate", str(path))
+    assert f"{path}:101:3: duplicate key 'a' (first at line 100)" in result.output
+    path.write_text("config:\n  trainstack:tea: {}\n")
+    result = run("validate", str(path))
+    assert (
+        "  - trainstack:tea: unknown config key (did you mean 'trainstack:team'?)" in result.output
     )

@@ -310,7 +310,8 @@ def test_team_preview_reports_every_bad_job_before_registering(tmp_path: Path) -
     jobs.mkdir(parents=True)
     demo = (ROOT / "job_specs" / "vision" / "demo-train.yaml").read_text()
     (jobs / "a.yaml").write_text(demo.replace("pool: h100-reserved", "pool: h100"))
-    (jobs / "b.yaml").write_text(demo.replace("demo-train", "other").replace(":2025Q1", ":latest"))
+    latest = re.sub(r"image: .*", "image: registry.example.com/vision/other:latest", demo)
+    (jobs / "b.yaml").write_text(latest.replace("demo-train", "other"))
     result = runner.invoke(
         app, ["preview", "vision", "--project-dir", str(project), "--out", str(tmp_path / "o")]
     )

@@ -32,10 +32,11 @@ EXIT_USER_ERROR = 1
 EXIT_POLICY_VIOLATION = 3
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-# Markup off: user text (patterns like ^[a-z]([-a-z0-9]*[a-z0-9])?$, paths, values) prints
-# verbatim; rich would take its bracket groups for markup tags and drop them.
-console = Console(highlight=False, markup=False)
-errors = Console(stderr=True, highlight=False, markup=False)
+# Markup and emoji codes off: user text (patterns like ^[a-z]([-a-z0-9]*[a-z0-9])?$, paths,
+# values) prints verbatim; rich would take bracket groups for markup tags, and `:tea:` or a
+# `:100:` line number for emoji codes.
+console = Console(highlight=False, markup=False, emoji=False)
+errors = Console(stderr=True, highlight=False, markup=False, emoji=False)
 
 
 def _fail(message: str) -> typer.Exit:

@@ -15,19 +15,26 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.nodes import MappingNode
+from yaml.nodes import MappingNode, Node, SequenceNode
 
 from trainstack.config.errors import ConfigError, ConfigIssue
 
+_KINDS = {type(None): "null", bool: "a boolean", int: "a number", float: "a number"}
 _Base: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class DuplicateKeyError(yaml.MarkedYAMLError):
-    """A mapping names one key twice."""
+class RefusedYaml(yaml.MarkedYAMLError):
+    """YAML that parses but that trainstack refuses: a key twice, a key that is not text, an
+    alias loop or an alias explosion."""
 
 
 class StrictLoader(_Base):  # type: ignore[valid-type,misc]
-    """The safe loader, refusing duplicate keys (merge keys `<<` keep YAML's semantics)."""
+    """The safe loader, refusing duplicate and non-text keys (merge keys `<<` keep YAML's
+    semantics)."""
+
+    def construct_document(self, node: Node) -> Any:
+        _refuse_cycles(node, [])
+        return super().construct_document(node)
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Hashable, Any]:
         seen: dict[object, yaml.Mark] = {}
@@ -35,12 +42,22 @@ class StrictLoader(_Base):  # type: ignore[valid-type,misc]
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str):
+                # Every key trainstack reads is text; YAML reads `~`, `on`, `1` or a date as
+                # null, true, a number or a date, which no schema path could name.
+                raise RefusedYaml(
+                    None,
+                    None,
+                    f"key {key_node.value!r} reads as {_KINDS.get(type(key), 'a value')}, not "
+                    "text; quote it if it is meant as a name",
+                    key_node.start_mark,
+                )
             try:
                 first = seen.get(key)
             except TypeError:
                 continue  # unhashable keys: construct_mapping reports them
             if first is not None:
-                raise DuplicateKeyError(
+                raise RefusedYaml(
                     None,
                     None,
                     f"duplicate key {key!r} (first at line {first.line + 1}); YAML would keep "
@@ -52,13 +69,55 @@ class StrictLoader(_Base):  # type: ignore[valid-type,misc]
         return mapping
 
 
+# No stack file or job spec comes near this many values; aliases of aliases can make a few
+# lines expand to billions ("billion laughs"), which validation would then walk.
+MAX_VALUES = 100_000
+
+
+def _refuse_cycles(node: Node, open_nodes: list[Node], sizes: dict[int, int] | None = None) -> int:
+    """The number of values `node` expands to, once aliases are followed; refuses an alias
+    inside the map or list its anchor names (a document that contains itself), and
+    documents that expand past MAX_VALUES."""
+    sizes = {} if sizes is None else sizes
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if any(node is ancestor for ancestor in open_nodes):
+        raise RefusedYaml(
+            None,
+            None,
+            "an alias refers to a map or list that contains it; YAML anchors must not loop",
+            node.start_mark,
+        )
+    size = 1
+    if isinstance(node, MappingNode | SequenceNode):
+        open_nodes.append(node)
+        for child in node.value:
+            for part in child if isinstance(child, tuple) else (child,):
+                size += _refuse_cycles(part, open_nodes, sizes)
+        open_nodes.pop()
+    if size > MAX_VALUES:
+        raise RefusedYaml(
+            None,
+            None,
+            f"expands to more than {MAX_VALUES} values through aliases; write it out",
+            node.start_mark,
+        )
+    sizes[id(node)] = size
+    return size
+
+
 class YamlSyntaxError(ConfigError):
     """A file that is not YAML (or repeats a key): one line, `file:line:column: problem`."""
 
     def __init__(self, source: str, line: int | None, column: int | None, problem: str) -> None:
-        self.location = source if line is None else f"{source}:{line}:{column}"
+        self.line, self.column = line, column
+        self.location = self.at(source)
         self.problem = problem
         super().__init__(source, [ConfigIssue("file", problem)])
+
+    def at(self, name: str) -> str:
+        """`name:line:column`, for a report that names the file its own way."""
+        return name if self.line is None else f"{name}:{self.line}:{self.column}"
 
     def render(self) -> str:
         return f"{self.location}: {self.problem}"
@@ -71,12 +130,26 @@ def load(text: str, source: str = "<string>") -> Any:
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         what = err.problem or err.context or "not valid YAML"
-        if not isinstance(err, DuplicateKeyError):
+        if not isinstance(err, RefusedYaml):
             what = f"not valid YAML: {what}"
         line, column = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
         raise YamlSyntaxError(source, line, column, what) from None
+    except yaml.reader.ReaderError as err:  # a character YAML does not allow
+        line, column = _position(text, err.position)
+        code = err.character if isinstance(err.character, int) else ord(err.character)
+        raise YamlSyntaxError(
+            source, line, column, f"not valid YAML: {err.reason} (character #x{code:04x})"
+        ) from None
     except yaml.YAMLError as err:
         raise YamlSyntaxError(source, None, None, f"not valid YAML: {err}") from None
+
+
+def _position(text: str | bytes, offset: int) -> tuple[int, int]:
+    """1-based line and column of a 0-based offset."""
+    before = text[:offset]
+    newline = "\n" if isinstance(before, str) else b"\n"
+    lines = before.split(newline)  # type: ignore[arg-type]
+    return len(lines), len(lines[-1]) + 1
 
 
 def read(path: Path) -> Any:
@@ -84,8 +157,10 @@ def read(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise ConfigError(
-            str(path), [ConfigIssue("file", f"not UTF-8 text (byte {err.start})")]
+        line, column = _position(err.object, err.start)
+        byte = err.object[err.start : err.start + 1]
+        raise YamlSyntaxError(
+            str(path), line, column, f"not UTF-8 text (byte {byte!r}); save the file as UTF-8"
         ) from None
     except OSError as err:
         raise ConfigError(

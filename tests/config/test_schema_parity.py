@@ -131,3 +131,39 @@ def test_documents_json_lacks_get_the_full_report() -> None:
     platform = {**platform, "clusterName": yamlio.load("2025-01-01")}
     issues = schema_issues(STACK_KINDS[PLATFORM_KEY], platform, PLATFORM_KEY)
     assert [i.path for i in issues] == [f"{PLATFORM_KEY}.clusterName"]
+
+
+@pytest.mark.parametrize("value", ["vision\n", "vision\n\n", "visi\u0661n"])
+def test_patterns_follow_ecma_262_not_python(value: str) -> None:
+    """Python's `$` also matches before a final newline and its `\\d` takes any Unicode digit;
+    JSON Schema's patterns are ECMA-262 (and jsonschema-rs agrees): 'vision\\n' was accepted
+    as a team name by the report and refused by the compiled validator."""
+    doc = yamlio.load((ROOT / "job_specs" / "vision" / "demo-train.yaml").read_text())
+    doc["metadata"]["team"] = value
+    fast = fast_validator("job.schema.json")
+    assert fast is not None
+    assert not fast.is_valid(doc)
+    assert [i.path for i in schema_issues("job.schema.json", doc, "job")] == ["job.metadata.team"]
+
+
+def test_integer_enums_say_integer() -> None:
+    """JSON equality makes 365.0 a member of [1, 3, …, 365]: an enum of counts also needs
+    "type": "integer" to refuse the float (the fuzzer found logRetentionDays: 365.0)."""
+    from trainstack.config.schema import SCHEMA_FILES, load_schema  # noqa: PLC0415
+
+    untyped = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            values = node.get("enum", [])
+            if values and all(type(v) is int for v in values) and node.get("type") != "integer":
+                untyped.append(path)
+            for key, value in node.items():
+                walk(value, f"{path}/{key}")
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                walk(value, f"{path}[{index}]")
+
+    for name in SCHEMA_FILES:
+        walk(load_schema(name), name)
+    assert untyped == []

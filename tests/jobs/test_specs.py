@@ -67,7 +67,7 @@ def test_seed_example_is_expressible() -> None:
     assert (spec.workers.resources.cpu, spec.workers.resources.memory) == ("4", "16Gi")
     assert spec.workers.gpu_memory == "8Gi"
     assert (spec.checkpoint.interval_seconds, spec.checkpoint.keep) == (600, 3)
-    assert spec.image.endswith("/demo-train:2025Q1")
+    assert "/demo-train:2025Q1@sha256:" in spec.image  # production takes digests
     assert spec.command == ("python", "-m", "train.main")
     assert spec.args == ("--epochs=20", "--batch-size=128")
     assert dict(spec.env) == {"LEARNING_RATE": "0.001"}

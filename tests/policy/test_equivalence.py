@@ -175,6 +175,24 @@ CASES: list[tuple[str, str, Mutation | None, bool]] = [
     ),
     (
         "pinned-images",
+        "branch tag",  # issue 19 #4: a tag that names a branch moves under a running job
+        lambda j: trainer(j).__setitem__("image", "registry.example.com/a:main"),
+        False,
+    ),
+    (
+        "pinned-images",
+        "build tag",
+        lambda j: trainer(j).__setitem__("image", "registry.example.com/a:2025.06.1"),
+        True,
+    ),
+    (
+        "pinned-images",
+        "trailing newline",  # Python's `$` matched before it; RE2's does not
+        lambda j: trainer(j).__setitem__("image", "registry.example.com/a:1\n"),
+        False,
+    ),
+    (
+        "pinned-images",
         "other registry",
         lambda j: trainer(j).__setitem__("image", "docker.io/a:1"),
         False,
@@ -428,3 +446,38 @@ def test_python_rule_and_cel_agree(
     cel_ok = evaluate(policies[rule], job, NAMESPACE)
     assert python_ok is admitted, RULES[rule].check(job, CONFIG)
     assert cel_ok is admitted
+
+
+PRODUCTION = Config(
+    allowed_registries=("registry.example.com/",),
+    team_max_duration_hours={"vision": 168},
+    production=True,
+)
+
+
+@pytest.mark.parametrize(
+    ("image", "admitted"),
+    [
+        ("registry.example.com/a:2025.06.1", False),
+        ("registry.example.com/a@sha256:" + "c" * 64, True),
+        ("registry.example.com/a:2025.06.1@sha256:" + "c" * 64, True),
+        ("docker.io/a@sha256:" + "c" * 64, False),
+    ],
+    ids=["build tag", "digest", "tag and digest", "digest elsewhere"],
+)
+def test_production_takes_digests_in_both_enforcers(
+    image: str, admitted: bool, example_plans: dict[str, Plan]
+) -> None:
+    """Any tag can be re-pushed: production stacks pin images by digest (docs/policies.md)."""
+    policy = next(
+        m
+        for m in admission_policies(PRODUCTION, "test")
+        if m["metadata"]["name"] == f"{POLICY_PREFIX}pinned-images"
+        and m["kind"] == "ValidatingAdmissionPolicy"
+    )
+    job = demo_job(example_plans["vision"])
+    trainer(job)["image"] = image
+    for c in pod(job).get("initContainers", []):
+        c["image"] = image
+    assert (not RULES["pinned-images"].check(job, PRODUCTION)) is admitted
+    assert evaluate(policy, job, NAMESPACE) is admitted

@@ -347,7 +347,9 @@ def test_preview_fails_on_a_job_that_breaks_a_rule(tmp_path: Path) -> None:
         "is not from an allowed registry (allowed: trusted.example.com/)" in m for m in messages
     )
     assert all(
-        "Fix: use image:tag or image@sha256:… from an allowed registry" in m for m in messages
+        "Fix: use image@sha256:… (production), otherwise image:<build tag> or a digest, from an "
+        "allowed registry" in m
+        for m in messages
     )
 
 

@@ -363,7 +363,11 @@ def _team_quota_and_pool_checks(
         (isinstance(quota.get("gpus"), int) and quota["gpus"] > 0)
         or (isinstance(quota.get("deserved"), int) and quota["deserved"] > 0)
     )
-    usable = pool_names if pools is None else (set(pools) if isinstance(pools, list) else None)
+    usable = (
+        pool_names
+        if pools is None
+        else ({p for p in pools if isinstance(p, str)} if isinstance(pools, list) else None)
+    )
     if wants_gpus and usable is not None and not usable:
         issues.append(
             ConfigIssue(

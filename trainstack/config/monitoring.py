@@ -114,6 +114,8 @@ def _price_issues(prices: list[tuple[int, Mapping[str, Any]]], path: str) -> lis
                 )
             )
         key = (instance, price.get("capacity"))
+        if not all(isinstance(k, str | None) for k in key):
+            continue  # the schema reports the wrong type
         if key in seen:
             issues.append(
                 ConfigIssue(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping
 from functools import cache
 from importlib import resources
@@ -85,8 +86,41 @@ def _is_integer(checker: object, instance: object) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
+@cache
+def ecma_regex(pattern: str) -> re.Pattern[str]:
+    """A JSON Schema pattern with ECMA-262 semantics where Python's differ (2020-12 core,
+    "Regular Expressions"): `$` outside a class is the end of the text (Python's also matches
+    before a final newline, so 'vision\\n' passed ^[a-z]...$), and \\d, \\w are ASCII."""
+    out, in_class, escaped = [], False, False
+    for char in pattern:
+        if escaped:
+            out.append(char)
+            escaped = False
+        elif char == "\\":
+            out.append(char)
+            escaped = True
+        elif char == "[":
+            in_class = True
+            out.append(char)
+        elif char == "]":
+            in_class = False
+            out.append(char)
+        else:
+            out.append("\\Z" if char == "$" and not in_class else char)
+    return re.compile("".join(out), re.ASCII)
+
+
+def _pattern(
+    validator: Any, pattern: str, instance: object, schema: Mapping[str, Any]
+) -> Iterator[ValidationError]:
+    del validator, schema
+    if isinstance(instance, str) and not ecma_regex(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
 StrictValidator: Any = validators.extend(  # type: ignore[no-untyped-call]  # untyped upstream
     Draft202012Validator,
+    validators={"pattern": _pattern},
     type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
 )
 

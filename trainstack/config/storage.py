@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainstack.config import model as m
+from trainstack.config.checks import dict_items
 from trainstack.config.errors import ConfigIssue, join_path
 
 THROUGHPUT = {"PERSISTENT_2": (125, 250, 500, 1000)}
@@ -90,7 +91,7 @@ def storage_checks(doc: Mapping[str, Any], root: str, zones: set[str] | None) ->
     if isinstance(cache, Mapping):
         issues += _cache_checks(cache, join_path(path, "nvmeCache"), cloud)
     if "nvmeCache" in storage and cloud == "aws":
-        pools = [p for p in doc.get("gpuPools", []) if isinstance(p, Mapping)]
+        pools = [p for _, p in dict_items(doc.get("gpuPools"))]
         if not any(p.get("instanceStore") != "none" for p in pools):
             issues.append(
                 ConfigIssue(

@@ -18,8 +18,8 @@ from trainstack.diff.report import DiffReport, diff_plans
 
 EXIT_USER_ERROR = 1
 # Markup off: stack names, paths and messages print verbatim (see trainstack/cli.py).
-out = Console(highlight=False, soft_wrap=True, markup=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
 
 class Format(StrEnum):

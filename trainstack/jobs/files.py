@@ -6,6 +6,7 @@ from pathlib import Path
 
 from trainstack.config.errors import ConfigError, ConfigIssue
 from trainstack.jobs.spec import JobSpec, parse_job
+from trainstack.yamlio import YamlSyntaxError
 
 
 def job_files(root: Path, patterns: tuple[str, ...]) -> list[Path]:
@@ -38,7 +39,10 @@ def collect_jobs(root: Path, patterns: tuple[str, ...]) -> tuple[list[JobSpec], 
         relative = path.relative_to(root)
         try:
             spec, found = parse_job(path)
-        except ConfigError as err:  # not YAML
+        except YamlSyntaxError as err:  # not YAML: file, line and column
+            issues.append(ConfigIssue(err.at(str(relative)), err.problem))
+            continue
+        except ConfigError as err:  # unreadable
             spec, found = None, list(err.issues)
         issues += [ConfigIssue(f"{relative}: {i.path}", i.message) for i in found]
         if spec is None:

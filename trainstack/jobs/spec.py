@@ -6,6 +6,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,7 +17,7 @@ from trainstack.builders import labels
 from trainstack.config import k8s_syntax
 from trainstack.config.errors import ConfigError, ConfigIssue, join_path
 from trainstack.config.schema import apply_defaults, schema_issues
-from trainstack.policy.rules import is_pinned
+from trainstack.policy.rules import MOVING_TAG, is_pinned
 
 SCHEMA = "job.schema.json"
 API_VERSION = "trainstack.io/v1alpha1"
@@ -27,7 +28,14 @@ _UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 
 
 def cpu_millis(quantity: str) -> int:
-    return int(quantity[:-1]) if quantity.endswith("m") else round(float(quantity) * 1000)
+    """`500m` or `1.5` as millicores; exact (Decimal), so a huge value is a big number rather
+    than a float overflow. ValueError for anything else."""
+    try:
+        if quantity.endswith("m"):
+            return int(quantity[:-1])
+        return int((Decimal(quantity) * 1000).to_integral_value())
+    except (InvalidOperation, OverflowError):  # not a number, or Infinity
+        raise ValueError(f"not a CPU quantity: {quantity!r}") from None
 
 
 def memory_bytes(quantity: str) -> int:
@@ -119,6 +127,9 @@ def _image_issues(image: object, path: str) -> list[ConfigIssue]:
         why = "has no tag"
     elif image.endswith(":latest"):
         why = "uses :latest, which moves under a running job"
+    elif MOVING_TAG.fullmatch(image):
+        tag = image.rsplit(":", 1)[1]
+        why = f"uses :{tag}, a branch or channel tag that moves under a running job"
     else:
         why = "is not pinned"
     return [ConfigIssue(path, f"{image!r} {why}; {pin}")]
@@ -178,18 +189,7 @@ def intrinsic_issues(doc: Mapping[str, Any], root: str = "job") -> list[ConfigIs
             )
         )
     issues += _image_issues(spec.get("image"), join_path(spath, "image"))
-    mode = spec.get("mode", "dataParallel")
-    if mode == "parameterServer" and "parameterServers" not in spec:
-        issues.append(
-            ConfigIssue(join_path(spath, "parameterServers"), "required with mode: parameterServer")
-        )
-    if mode == "dataParallel" and "parameterServers" in spec:
-        issues.append(
-            ConfigIssue(
-                join_path(spath, "parameterServers"),
-                "only used with mode: parameterServer; remove it or set the mode",
-            )
-        )
+    issues += structural_issues(doc, root)
     for key in ("workers", "parameterServers"):
         replica = spec.get(key)
         if isinstance(replica, Mapping):
@@ -243,6 +243,28 @@ def _reserved_label_issues(meta: object, path: str) -> list[ConfigIssue]:
         for key in given
         if str(key).startswith(RESERVED_LABEL_PREFIX) or key in RESERVED_LABELS
     ]
+
+
+def structural_issues(doc: Mapping[str, Any], root: str = "job") -> list[ConfigIssue]:
+    """Fields that must go together for the spec to have a shape at all (no spec is built
+    without them, so the platform checks and the renderer never see such a document)."""
+    spec = doc.get("spec")
+    if not isinstance(spec, Mapping):
+        return []
+    spath = join_path(root, "spec")
+    mode = spec.get("mode", "dataParallel")
+    if mode == "parameterServer" and "parameterServers" not in spec:
+        return [
+            ConfigIssue(join_path(spath, "parameterServers"), "required with mode: parameterServer")
+        ]
+    if mode == "dataParallel" and "parameterServers" in spec:
+        return [
+            ConfigIssue(
+                join_path(spath, "parameterServers"),
+                "only used with mode: parameterServer; remove it or set the mode",
+            )
+        ]
+    return []
 
 
 def _checkpoint_issues(spec: Mapping[str, Any], path: str) -> list[ConfigIssue]:
@@ -372,6 +394,6 @@ def _parse_job(path: Path) -> tuple[JobSpec | None, list[ConfigIssue]]:
     doc = yamlio.read(path)
     issues = schema_issues(SCHEMA, doc, "job")
     intrinsic = intrinsic_issues(doc) if isinstance(doc, Mapping) else []
-    if issues:
+    if issues or (isinstance(doc, Mapping) and structural_issues(doc)):
         return None, [*issues, *intrinsic]
     return build(doc, str(path)), intrinsic

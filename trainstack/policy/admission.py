@@ -22,10 +22,12 @@ from trainstack.policy.rules import (
     DATASETS_DIR,
     DEVICE_PREFIXES,
     DEVICE_RESOURCES,
+    DIGEST,
     GPU_TAINT_KEY,
     HANDLERS,
     K8S_RULES,
     MAX_DURATION_ANNOTATION,
+    MOVING_TAG,
     PINNED_IMAGE,
     PROBES,
     SHARED_CLAIM,
@@ -119,7 +121,12 @@ def expressions(cfg: Config) -> dict[str, str]:
     )
     interval_names = " || ".join(f"e.name == {_str(n)}" for n in CHECKPOINT_ENV)
     registries = tuple(cfg.allowed_registries)
-    pinned = f"c.image.matches({_str(PINNED_IMAGE.pattern)}) && !c.image.endsWith(':latest')" + (
+    digest = f"c.image.matches({_str(DIGEST.pattern)})"
+    build_tag = (
+        f"c.image.matches({_str(PINNED_IMAGE.pattern)}) && "
+        f"!c.image.matches({_str(MOVING_TAG.pattern)})"
+    )
+    pinned = (digest if cfg.production else f"({digest} || ({build_tag}))") + (
         f" && {_list(registries)}.exists(r, c.image.startsWith(r))" if registries else ""
     )
     host_paths = _list(tuple(cfg.allowed_host_paths))

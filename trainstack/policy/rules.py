@@ -26,12 +26,24 @@ GPU_TAINT_KEY = "nvidia.com/gpu"
 # A tag (never :latest, checked apart) or a full sha256 digest. The name part has no `@`, so
 # `name@sha256:abc` is not read as the tag `abc`. Shared by the job spec, this rule and its
 # CEL admission policy (RE2 accepts it as is).
-PINNED_IMAGE = re.compile(r"^[^@]+(@sha256:[a-f0-9]{64}|:[^/:@]+)$")
+PINNED_IMAGE = re.compile(r"^[^@\s]+(@sha256:[a-f0-9]{64}|:[^/:@\s]+)$")
+DIGEST = re.compile(r"^[^@\s]+@sha256:[a-f0-9]{64}$")
+# Tags that name a branch or a channel, not a build: they move under a running job (a restart
+# pulls other code). Any tag can be re-pushed; production therefore takes digests only.
+MOVING_TAGS = ("latest", "main", "master", "head", "trunk", "dev", "develop", "nightly", "edge",
+               "stable", "canary")  # fmt: skip
+MOVING_TAG = re.compile(r"^[^@]*:(" + "|".join(MOVING_TAGS) + r")$")
 
 
-def is_pinned(image: str) -> bool:
-    """Pinned by a version tag (not :latest) or a digest: one definition for spec and policy."""
-    return bool(PINNED_IMAGE.match(image)) and not image.endswith(":latest")
+def is_pinned(image: str, *, production: bool = False) -> bool:
+    """Pinned: by a digest; outside production also by a tag that names a build (not one of
+    MOVING_TAGS). One definition for the job spec, the rule and its CEL twin."""
+    # fullmatch: `$` alone would also match before a final newline, where RE2 (CEL) does not.
+    if DIGEST.fullmatch(image):
+        return True
+    return (
+        not production and bool(PINNED_IMAGE.fullmatch(image)) and not MOVING_TAG.fullmatch(image)
+    )
 
 
 _UNITS = {
@@ -210,8 +222,9 @@ def pinned_images(job: Mapping[str, Any], cfg: Config) -> list[str]:
     for task, pod in pods(job):
         for c in containers(pod):
             image = str(c.get("image", ""))
-            if not is_pinned(image):
-                found.append(f"task {task}: image {image!r} is not pinned by tag or digest")
+            if not is_pinned(image, production=cfg.production):
+                pin = "a digest (production)" if cfg.production else "a build tag or a digest"
+                found.append(f"task {task}: image {image!r} is not pinned by {pin}")
             elif cfg.allowed_registries and not any(
                 image.startswith(r) for r in cfg.allowed_registries
             ):
@@ -531,8 +544,10 @@ K8S_RULES: tuple[Rule, ...] = (
          "add checkpoint: {intervalSeconds: …} to the job spec; the platform mounts the team's "
          "checkpoint claim at /checkpoints", (VOLCANO_JOB,), checkpoint_volume),
     Rule("pinned-images",
-         "images are pinned by tag (not latest) or digest, from allowed registries",
-         "use image:tag or image@sha256:… from an allowed registry", (VOLCANO_JOB,), pinned_images),
+         "images are pinned by digest (production) or by a build tag (not latest, main, …), "
+         "from allowed registries",
+         "use image@sha256:… (production), otherwise image:<build tag> or a digest, from an "
+         "allowed registry", (VOLCANO_JOB,), pinned_images),
     Rule("gpu-placement", "GPU pods tolerate the GPU taint and target a GPU pool",
          "set spec.pool in the job spec", (VOLCANO_JOB,), gpu_placement),
     Rule("own-queue", "a job uses its own team's queue",

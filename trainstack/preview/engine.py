@@ -27,6 +27,21 @@ from trainstack.policy.settings import levels, pack_config
 from trainstack.preview.plan import Plan
 from trainstack.preview.synth import PROJECT, synth
 
+# The job spec field behind each rule's findings on a rendered Job (what the author changes).
+POLICY_FIELDS = {
+    "request-limit-ratio": "job.spec.workers.limits",
+    "devices-requests-equal-limits": "job.spec.workers",
+    "max-duration": "job.spec.maxDurationHours",
+    "checkpoint-volume": "job.spec.checkpoint",
+    "pinned-images": "job.spec.image",
+    "gpu-placement": "job.spec.pool",
+    "own-queue": "job.metadata.team",
+    "volcano-scheduled": "job.metadata.team",
+    "shared-filesystem-subpaths": "job.spec.data",
+    "shm-sized": "job.spec.sharedMemory",
+    "no-privileged": "job.spec.pool",
+}
+
 
 @dataclass(frozen=True)
 class Project:
@@ -158,9 +173,13 @@ class Previewer:
         violations = evaluate(
             [(VOLCANO_JOB, spec.name, manifest)], pack_config(platform), levels(platform)
         )
-        issues += [
-            ConfigIssue(f"policy {v.rule}", v.message) for v in violations if v.level == "mandatory"
-        ]
+        # Each finding names the spec field it comes from; a field that already has an error
+        # (an unpinned image, say) is not reported twice.
+        named = {issue.path for issue in issues}
+        for v in violations:
+            field = POLICY_FIELDS.get(v.rule, "job.spec")
+            if v.level == "mandatory" and field not in named:
+                issues.append(ConfigIssue(field, f"policy {v.rule}: {v.message}"))
         return manifest, issues
 
     def _platform_for(self, config: TeamStackConfig) -> Plan:

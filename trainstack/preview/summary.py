@@ -173,7 +173,14 @@ def capacity_renderables(outputs: Mapping[str, Any]) -> list[RenderableType]:
 
 def capacity_text(outputs: Mapping[str, Any], width: int = 100) -> str:
     """The capacity section as plain text (tests, logs)."""
-    console = Console(file=StringIO(), width=width, color_system=None, highlight=False)
+    console = Console(
+        file=StringIO(),
+        width=width,
+        color_system=None,
+        highlight=False,
+        markup=False,
+        emoji=False,
+    )
     for renderable in capacity_renderables(outputs):
         console.print(renderable)
     file = console.file
