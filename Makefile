@@ -57,7 +57,8 @@ bench-preview: setup
 	$(BIN)/python -m trainstack.bench.preview
 
 # The real control plane (docs/testing.md): kube-apiserver, etcd, Volcano, kwok, actionlint,
-# built from pinned Go modules into ~/.cache/trainstack/e2e (TRAINSTACK_E2E_CACHE); warm: a no-op.
+# the Pulumi CLI and its Kubernetes provider, built from pinned Go modules into
+# ~/.cache/trainstack/e2e (TRAINSTACK_E2E_CACHE); cold about 50 minutes, warm a no-op.
 e2e-tools: setup
 	$(BIN)/python -m tests.e2e.toolchain build
 

@@ -40,7 +40,8 @@ def spec(
         "kind": "TrainingJob",
         "metadata": {"name": name, "team": team},
         "spec": {
-            "image": f"registry.example.com/{team}/e2e:1.0",
+            # A digest: the prod platform is a production stack (pinned-images, docs/policies.md).
+            "image": f"registry.example.com/{team}/e2e:1.0@sha256:{'e' * 64}",
             "command": ["python", "-m", "train"],
             "pool": pool,
             "workers": {"replicas": replicas, "gpus": gpus, "cpu": cpu, "memory": memory},

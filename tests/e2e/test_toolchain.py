@@ -85,7 +85,7 @@ def test_wrappers_are_tidy_and_replaces_are_generated() -> None:
         assert done.returncode == 0, f"{component.name}: {done.stdout}{done.stderr}"
 
 
-@pytest.mark.parametrize("name", ["kubernetes", "volcano"])
+@pytest.mark.parametrize("name", ["kubernetes", "volcano", "pulumi"])
 def test_replace_blocks_are_what_gen_replaces_prints(name: str) -> None:
     """Never hand-edited: the block is regenerated from the upstream go.mod files it names."""
     go_mod = (toolchain.TOOLS / name / "go.mod").read_text()

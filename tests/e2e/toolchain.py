@@ -10,6 +10,8 @@ whose go.sum pins every dependency's hash. Binaries land in
 `<hash>` covers the wrapper's go.mod, go.sum and the build flags: a change to any of them
 builds anew, an unchanged one is never rebuilt. Nothing is downloaded except Go modules
 through the module proxy; no source is copied out of the module cache into the repository.
+A module that needs patching (a shim) or an upstream generation step (`Generate`) is built from
+a copy inside the cache entry being built.
 """
 
 from __future__ import annotations
@@ -36,6 +38,23 @@ def cache_root() -> Path:
 
 
 @dataclass(frozen=True)
+class Generate:
+    """A step of upstream's build that writes files into a module before it compiles.
+
+    Such as `go generate` writing files that a `//go:embed` needs and the module zip lacks. It
+    runs in a writable copy of `module` in the cache entry being built (never in the repository,
+    never in the read-only module cache), from the copy's root and so in the module's own go.mod
+    context, as upstream's Makefile runs it; the build then uses the copy through a replace, like
+    a shim's.
+    """
+
+    module: str
+    command: tuple[str, ...]
+    # Extra environment from the component's version (upstream's Makefile variables).
+    env: Callable[[str], dict[str, str]] = lambda _version: {}
+
+
+@dataclass(frozen=True)
 class Component:
     """One wrapper module and the main packages it builds."""
 
@@ -49,6 +68,10 @@ class Component:
     # Shims: (module, package dir in it, file under the wrapper). The module is built from a
     # copy in the cache (never in the repo) with the file added; see tools/volcano/shim/.
     shims: tuple[tuple[str, str, str], ...] = field(default_factory=tuple)
+    # Build tags, as upstream's release build sets them.
+    tags: tuple[str, ...] = field(default_factory=tuple)
+    # Generation steps run on a copy of a module before compiling; see `Generate`.
+    generate: tuple[Generate, ...] = field(default_factory=tuple)
 
     @property
     def wrapper(self) -> Path:
@@ -69,7 +92,12 @@ class Component:
         digest = hashlib.sha256()
         for name in ("go.mod", "go.sum", *(shim for _, _, shim in self.shims)):
             digest.update((self.wrapper / name).read_bytes())
-        digest.update(json.dumps([self.packages, self.ldflags(self.version)]).encode())
+        flags: list[object] = [self.packages, self.ldflags(self.version)]
+        if self.tags:  # only when set, so that the other components keep their cache entries
+            flags.append(list(self.tags))
+        for step in self.generate:
+            flags.append([step.module, list(step.command), step.env(self.version)])
+        digest.update(json.dumps(flags).encode())
         return f"{self.name}-{self.version}-{digest.hexdigest()[:10]}"
 
     def directory(self) -> Path:
@@ -92,6 +120,35 @@ def _kube_ldflags(version: str) -> list[str]:
             f"-X {package}.gitTreeState=clean",
         ]
     return flags
+
+
+def _pulumi_ldflags(version: str) -> list[str]:
+    # .goreleaser.yml's (what `pulumi version` prints, and what the engine and the language
+    # SDKs compare against their minimum CLI version).
+    return [f"-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version={version}"]
+
+
+# The Kubernetes provider is served only as pseudo-versions: the release each one is, checked
+# against upstream's tags (docs/testing.md). Its binary reports the release, as upstream's does.
+KUBERNETES_PROVIDER_RELEASES = {"v4.0.0-20260115033456-f47bc2d6f199": "4.25.0"}
+
+
+def kubernetes_provider_release(version: str | None = None) -> str:
+    """The pulumi-kubernetes release the wrapper's pseudo-version is (without a leading v)."""
+    version = version or BY_NAME["pulumi-kubernetes"].version
+    try:
+        return KUBERNETES_PROVIDER_RELEASES[version]
+    except KeyError:
+        raise LookupError(
+            f"pulumi-kubernetes {version}: which release is it? Add it to "
+            "KUBERNETES_PROVIDER_RELEASES (check the commit against upstream's tags)"
+        ) from None
+
+
+def _kubernetes_provider_ldflags(version: str) -> list[str]:
+    # The Makefile's k8sprovider target: VERSION_PATH, with the generic version (no v).
+    release = kubernetes_provider_release(version)
+    return [f"-X github.com/pulumi/pulumi-kubernetes/provider/v4/pkg/version.Version={release}"]
 
 
 def _volcano_ldflags(version: str) -> list[str]:
@@ -132,6 +189,33 @@ COMPONENTS: tuple[Component, ...] = (
     ),
     Component("kwok", "sigs.k8s.io/kwok", {"kwok": "sigs.k8s.io/kwok/cmd/kwok"}),
     Component(
+        "pulumi",
+        "github.com/pulumi/pulumi/pkg/v3",
+        {"pulumi": "github.com/pulumi/pulumi/pkg/v3/cmd/pulumi"},
+        _pulumi_ldflags,
+        tags=("osusergo", "grpcnotrace"),
+    ),
+    Component(
+        "pulumi-kubernetes",
+        "github.com/pulumi/pulumi-kubernetes/provider/v4",
+        {
+            "pulumi-resource-kubernetes": (
+                "github.com/pulumi/pulumi-kubernetes/provider/v4/cmd/pulumi-resource-kubernetes"
+            )
+        },
+        _kubernetes_provider_ldflags,
+        # The Makefile's k8sprovider target runs `go generate` first: it writes the
+        # schema-embed.json (with the version in it) and terraform-mapping-embed.json that
+        # main.go embeds and the module zip lacks.
+        generate=(
+            Generate(
+                "github.com/pulumi/pulumi-kubernetes/provider/v4",
+                ("go", "generate", "./cmd/pulumi-resource-kubernetes/main.go"),
+                lambda version: {"VERSION": kubernetes_provider_release(version)},
+            ),
+        ),
+    ),
+    Component(
         "actionlint",
         "github.com/rhysd/actionlint",
         {"actionlint": "github.com/rhysd/actionlint/cmd/actionlint"},
@@ -152,7 +236,7 @@ def locate(*names: str) -> dict[str, Path]:
     if missing:
         raise MissingTools(
             f"e2e tools not built: {', '.join(missing)} (expected under {cache_root()}); "
-            "run `make e2e-tools` (cold: about 30 minutes on 2 cores, then cached)"
+            "run `make e2e-tools` (cold: about 50 minutes on 2 cores, then cached)"
         )
     found: dict[str, Path] = {}
     for name in wanted:
@@ -183,12 +267,13 @@ def build(component: Component, log: Callable[[str], None]) -> float:
         env = _go_env()
         log(f"  downloading modules for {component.name} {component.version}")
         subprocess.run(["go", "mod", "download"], cwd=component.wrapper, env=env, check=True)
-        modfile = _shimmed_modfile(component, staging, env, log)
+        modfile = _patched_modfile(component, staging, env, log)
         ldflags = " ".join(component.ldflags(component.version))
         for binary, package in component.packages.items():
             log(f"  compiling {binary} ({package})")
             subprocess.run(
                 ["go", "build", "-trimpath", "-ldflags", ldflags, "-o", str(staging / binary)]
+                + ([f"-tags={','.join(component.tags)}"] if component.tags else [])
                 + ([f"-modfile={modfile}"] if modfile else [])
                 + [package],
                 cwd=component.wrapper,
@@ -228,27 +313,41 @@ def _module_dir(component: Component, module: str, env: dict[str, str]) -> Path:
     return Path(out)
 
 
-def _shimmed_modfile(
+def _patched_modfile(
     component: Component, staging: Path, env: dict[str, str], log: Callable[[str], None]
 ) -> Path | None:
-    """A go.mod beside the binaries that replaces each shimmed module with a patched copy.
+    """A go.mod beside the binaries that replaces each shimmed or generated module with a copy.
 
     The copy lives in the cache entry being built (outside the repository); the wrapper's own
     go.mod and go.sum stay untouched, so `go mod tidy` and `gen_replaces.py` keep working.
     """
-    if not component.shims:
+    modules = [m for m, _, _ in component.shims] + [g.module for g in component.generate]
+    if not modules:
         return None
     src = staging / "src"
     modfile = staging / "go.mod"
     shutil.copyfile(component.wrapper / "go.mod", modfile)
     shutil.copyfile(component.wrapper / "go.sum", staging / "go.sum")
-    for module, package, shim in component.shims:
-        copy = src / module.replace("/", "_")
-        log(f"  shimming {module} ({package} + {shim})")
+    copies: dict[str, Path] = {}
+    for module in dict.fromkeys(modules):
+        copy = copies[module] = src / module.replace("/", "_")
         shutil.copytree(_module_dir(component, module, env), copy)
         for path in [copy, *copy.rglob("*")]:
             path.chmod(path.stat().st_mode | 0o200)  # the module cache is read-only
-        shutil.copyfile(component.wrapper / shim, copy / package / "zz_trainstack_shim.go")
+    for module, package, shim in component.shims:
+        log(f"  shimming {module} ({package} + {shim})")
+        shutil.copyfile(
+            component.wrapper / shim, copies[module] / package / "zz_trainstack_shim.go"
+        )
+    for step in component.generate:
+        log(f"  generating in {step.module}: {' '.join(step.command)}")
+        subprocess.run(
+            list(step.command),
+            cwd=copies[step.module],
+            env=env | step.env(component.version),
+            check=True,
+        )
+    for module, copy in copies.items():
         subprocess.run(
             ["go", "mod", "edit", f"-modfile={modfile}", f"-replace={module}={copy}"],
             cwd=component.wrapper,
