@@ -37,7 +37,7 @@ class StrictLoader(_Base):  # type: ignore[valid-type,misc]
         return super().construct_document(node)
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-        seen: dict[object, yaml.Mark] = {}
+        seen: dict[str, yaml.Mark] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
@@ -52,10 +52,7 @@ class StrictLoader(_Base):  # type: ignore[valid-type,misc]
                     "text; quote it if it is meant as a name",
                     key_node.start_mark,
                 )
-            try:
-                first = seen.get(key)
-            except TypeError:
-                continue  # unhashable keys: construct_mapping reports them
+            first = seen.get(key)
             if first is not None:
                 raise RefusedYaml(
                     None,
