@@ -65,19 +65,23 @@ def _pulumi_up(platform: Deployed, old: dict[str, Any], new: dict[str, Any]) -> 
     return "update"
 
 
+# Production (the prod platform) takes digests only (pinned-images).
+NEW_IMAGE = f"registry.example.com/vision/e2e:2.0@sha256:{'f' * 64}"
+
+
 def test_changing_a_deployed_jobs_image_goes_through(clean: Deployed) -> None:
     """Issue 15 #4: the image change is a replacement, and the new Job runs the new image."""
     job = _small(clean, "update-image")
     clean.kube.apply(job)
     jobs.wait_running(clean, job)
     first = jobs.live(clean, job)["metadata"]["uid"]
-    changed = _with_image(job, "registry.example.com/vision/e2e:2.0")
+    changed = _with_image(job, NEW_IMAGE)
     assert _pulumi_up(clean, job, changed) == "replace"
     pods = jobs.wait_running(clean, changed)
     live = jobs.live(clean, changed)
     assert live["metadata"]["uid"] != first
     images = {t["template"]["spec"]["containers"][0]["image"] for t in live["spec"]["tasks"]}
-    assert images == {"registry.example.com/vision/e2e:2.0"}
+    assert images == {NEW_IMAGE}
     assert {p["spec"]["containers"][0]["image"] for p in pods} == images
 
 
@@ -86,7 +90,7 @@ def test_volcano_refuses_the_image_change_in_place(clean: Deployed) -> None:
     job = _small(clean, "update-refused")
     clean.kube.apply(job)
     with pytest.raises(ApiError, match="job updates may not change fields"):
-        clean.kube.apply(_with_image(job, "registry.example.com/vision/e2e:2.0"))
+        clean.kube.apply(_with_image(job, NEW_IMAGE))
 
 
 def test_what_volcano_updates_in_place_is_not_replaced(clean: Deployed) -> None:

@@ -65,7 +65,8 @@ def test_baseline_would_refuse_those_pods(onprem: Deployed, roce_job: dict[str, 
     template = copy.deepcopy(roce_job["spec"]["tasks"][0]["template"])
     spec = template["spec"]
     spec["volumes"] = []  # the team's claims do not exist there; PodSecurity does not need them
-    spec["containers"][0]["volumeMounts"] = []
+    for container in (*spec["containers"], *spec.get("initContainers", [])):
+        container["volumeMounts"] = []
     spec.pop("serviceAccountName")
     pod = {
         "apiVersion": "v1",
