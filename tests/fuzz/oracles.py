@@ -38,6 +38,7 @@ from jsonschema.validators import extend
 from referencing import Registry, Resource
 
 from tests.fuzz.mutate import Mutant, display_path
+from trainstack.config.schema import apply_defaults
 
 # -- outcomes and failures ------------------------------------------------------------------
 
@@ -554,16 +555,12 @@ def canonical(value: Any, above: frozenset[int] = frozenset()) -> Any:
 
 
 def with_defaults(document: Any) -> Any:
-    """The document with every schema default filled in (a key at its default is no change).
-
-    Follows `properties`, `items` and local `$ref`s only: trainstack's schemas put defaults
-    nowhere else.
-    """
+    """The document with every schema default filled in (a key at its default is no change),
+    by the loader's own `apply_defaults`."""
     out = json_copy(document)
     for path, part in checked_parts(out):
         name = "job.schema.json" if not path else _KIND_SCHEMAS[path[-1]]
-        schema = schemas()[name]
-        filled = _fill(schema, schema, part)
+        filled = apply_defaults(name, part)
         if path:
             out["config"][path[-1]] = filled
         else:
@@ -582,36 +579,6 @@ def json_copy(value: Any) -> Any:
         return {k: json_copy(v) for k, v in value.items()}
     if isinstance(value, list):
         return [json_copy(v) for v in value]
-    return value
-
-
-def _resolve(root: Mapping[str, Any], node: Mapping[str, Any]) -> Mapping[str, Any]:
-    ref = node.get("$ref")
-    while isinstance(ref, str) and ref.startswith("#/"):
-        target: Any = root
-        for part in ref[2:].split("/"):
-            target = target[part]
-        node, ref = target, target.get("$ref")
-    return node
-
-
-def _fill(root: Mapping[str, Any], node: Mapping[str, Any], value: Any) -> Any:
-    node = _resolve(root, node)
-    if isinstance(value, dict):
-        out = dict(value)
-        for key, sub in node.get("properties", {}).items():
-            resolved = _resolve(root, sub)
-            if key not in out:
-                for holder in (sub, resolved):
-                    if "default" in holder:
-                        out[key] = json.loads(json.dumps(holder["default"]))
-                        break
-            if key in out:
-                out[key] = _fill(root, sub, out[key])
-        return out
-    items = node.get("items")
-    if isinstance(value, list) and isinstance(items, Mapping):
-        return [_fill(root, items, item) for item in value]
     return value
 
 
