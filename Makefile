@@ -6,7 +6,7 @@ STACK  ?= dev
 STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: setup preview test lint typecheck unit faults goldens bench-runtime bench-preview clean \
-	e2e-tools e2e bench-scheduling fuzz
+	e2e-tools e2e bench-scheduling fuzz policy-config
 
 # Reinstall only when the dependency declarations change.
 $(STAMP): pyproject.toml images/runtime/pyproject.toml images/prewarm/pyproject.toml
@@ -42,6 +42,11 @@ fuzz: setup
 	echo "fuzz seed: $$seed (FUZZ_SEED=$$seed make fuzz repeats this run)"; \
 	TRAINSTACK_FUZZ_MUTANTS=20000 TRAINSTACK_FUZZ_PREVIEWS=1000 TRAINSTACK_FUZZ_RANDOM=1 \
 		$(BIN)/pytest -q --timeout=0 --hypothesis-seed=$$seed tests/fuzz
+
+# The CrossGuard pack's --policy-pack-config files, policies/config/<stack>.json, from the stack
+# files (docs/policies.md); `make test` fails while a checked-in one is stale.
+policy-config: setup
+	$(BIN)/trainstack policy-config
 
 goldens: setup
 	TRAINSTACK_UPDATE_GOLDENS=1 $(BIN)/pytest -q tests/test_goldens.py

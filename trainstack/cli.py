@@ -23,6 +23,7 @@ from trainstack.diff.cli import register as _register_diff
 from trainstack.diff.cli import select_changed as _select_changed
 from trainstack.documents import document_kind
 from trainstack.jobs.spec import load_job
+from trainstack.policy import config_files
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan, normalise, write_plan
 from trainstack.preview.summary import capacity_renderables
@@ -171,6 +172,45 @@ def render_job(
     except (ConfigError, pulumi.RunError) as err:
         raise _fail(str(err)) from None
     typer.echo(yaml.safe_dump(normalise(manifest), sort_keys=False), nl=False)
+
+
+@app.command("policy-config")
+def policy_config(
+    stacks: Annotated[
+        list[str] | None, typer.Argument(help="Stack names (default: every stack file).")
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Write nothing; exit 1 if a file is missing or stale.")
+    ] = False,
+    project_dir: Annotated[Path, typer.Option(help="Folder with Pulumi.yaml.")] = Path("."),
+) -> None:
+    """Write policies/config/STACK.json, the CrossGuard pack's --policy-pack-config, from the
+    stack files (a team stack's from its platform stack)."""
+    try:
+        previewer = Previewer(Project.find(project_dir.resolve()))
+        names = stacks or previewer.project.stacks()
+        if check:
+            stale = config_files.stale(previewer, names)
+            orphans = [] if stacks else config_files.orphans(previewer)
+            root = previewer.project.root
+            for stack in stale:
+                path = config_files.config_path(previewer, stack).relative_to(root)
+                errors.print(f"{path}: missing or stale", soft_wrap=True)
+            for path in orphans:
+                errors.print(
+                    f"{path.relative_to(root)}: no stack file {path.stem!r}", soft_wrap=True
+                )
+            if stale or orphans:
+                raise _fail("policy pack config out of date; run `make policy-config`")
+            console.print(f"policy pack config up to date ({len(names)} stacks)")
+            return
+        for path in config_files.write(previewer, names):
+            console.print(f"wrote {path.relative_to(previewer.project.root)}")
+        for path in [] if stacks else config_files.orphans(previewer):
+            path.unlink()
+            console.print(f"removed {path.relative_to(previewer.project.root)} (no stack file)")
+    except (ConfigError, pulumi.RunError) as err:
+        raise _fail(str(err)) from None
 
 
 _register_diff(app)  # `trainstack diff`, `trainstack changed-stacks` (trainstack/diff/)
