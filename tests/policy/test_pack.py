@@ -1,13 +1,11 @@
-"""The CrossGuard pack: every rule through the pack's own policy objects, the folder as the
-Pulumi CLI starts it, and the preview's policy gate."""
+"""The CrossGuard pack: every rule through the pack's own policy objects, and the preview's
+policy gate. How the Pulumi CLI starts the pack folder: test_pack_host.py."""
 
 from __future__ import annotations
 
 import copy
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -286,24 +284,6 @@ def test_every_rule_is_in_the_pack() -> None:
     names = [p.name for p in crossguard_policies()]
     assert names == [r.name for r in RULES] + [r.name for r in STACK_RULES]
     assert len(K8S_RULES) + len(AWS_RULES) == len(RULES)
-
-
-def test_pack_folder_starts_like_the_pulumi_cli_starts_it() -> None:
-    """`python -m pulumi.policy <engine> <dir>` constructs the PolicyPack: it prints its port."""
-    proc = subprocess.Popen(
-        [sys.executable, "-u", "-m", "pulumi.policy", "127.0.0.1:1", str(ROOT / "policies")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline().strip()
-        assert first.isdigit(), (
-            first,
-            proc.stderr.read() if proc.poll() is not None and proc.stderr else "",
-        )
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 @pytest.mark.parametrize("stack", EXAMPLE_STACKS)
