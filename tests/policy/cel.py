@@ -6,6 +6,7 @@ provided here over the same quantity parser the Python rules use.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import celpy
@@ -43,6 +44,15 @@ FUNCTIONS = {
 }
 
 
+_ENV = celpy.Environment()
+
+
+@functools.cache
+def _program(expression: str) -> celpy.Runner:
+    """Parsing dominates (lark): each expression once per session, evaluated many times."""
+    return _ENV.program(_ENV.compile(expression), functions=FUNCTIONS)
+
+
 def evaluate(
     policy: dict[str, Any],
     obj: dict[str, Any],
@@ -52,7 +62,6 @@ def evaluate(
 ) -> bool:
     """True when every validation of `policy` admits `obj` in `namespace`: created, or
     replacing `old` (an UPDATE). A policy whose matchConditions do not all hold admits."""
-    env = celpy.Environment()
     activation: dict[str, Any] = {
         "object": celpy.json_to_cel(obj),
         "oldObject": celpy.json_to_cel(old),
@@ -60,20 +69,17 @@ def evaluate(
         "request": celpy.json_to_cel({"operation": "CREATE" if old is None else "UPDATE"}),
     }
     for condition in policy["spec"].get("matchConditions", []):
-        program = env.program(env.compile(condition["expression"]), functions=FUNCTIONS)
-        if not bool(program.evaluate(activation)):
+        if not bool(_program(condition["expression"]).evaluate(activation)):
             return True
     variables: dict[str, Any] = {}
     for variable in policy["spec"].get("variables", []):
-        program = env.program(env.compile(variable["expression"]), functions=FUNCTIONS)
-        variables[variable["name"]] = program.evaluate(
+        variables[variable["name"]] = _program(variable["expression"]).evaluate(
             {**activation, "variables": celpy.json_to_cel({})}
         )
     activation["variables"] = celtypes.MapType(
         {celtypes.StringType(k): v for k, v in variables.items()}
     )
     for validation in policy["spec"]["validations"]:
-        program = env.program(env.compile(validation["expression"]), functions=FUNCTIONS)
-        if not bool(program.evaluate(activation)):
+        if not bool(_program(validation["expression"]).evaluate(activation)):
             return False
     return True
