@@ -9,10 +9,12 @@ STAMP  := $(VENV)/.installed-stamp
 	e2e-tools e2e bench-scheduling fuzz policy-config
 
 # Reinstall only when the dependency declarations change.
-$(STAMP): pyproject.toml images/runtime/pyproject.toml images/prewarm/pyproject.toml
+$(STAMP): pyproject.toml images/runtime/pyproject.toml images/prewarm/pyproject.toml \
+		images/deadlines/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]' -e images/runtime -e images/prewarm
+	$(BIN)/python -m pip install -q -e '.[dev]' -e images/runtime -e images/prewarm \
+		-e images/deadlines
 	touch $@
 
 setup: $(STAMP)

@@ -1,0 +1,5 @@
+import sys
+
+from trainstack_deadlines.cli import main
+
+sys.exit(main())
