@@ -8,6 +8,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components.autoscaler import ClusterAutoscaler, ClusterAutoscalerArgs
+from components.deadlines import DeadlineEnforcer, DeadlineEnforcerArgs
 from components.eks import EksCluster, EksClusterArgs
 from components.existing import ExistingCluster
 from components.gpu import GpuNodePool, GpuNodePoolArgs, GpuPlugins, GpuPluginsArgs
@@ -185,6 +186,16 @@ class Platform(pulumi.ComponentResource):
             pulumi.ResourceOptions(parent=self),
         )
         self.outputs.scheduling = scheduling_output(cfg)
+        DeadlineEnforcer(
+            f"{name}-deadlines",
+            DeadlineEnforcerArgs(
+                cfg,
+                k8s_provider,
+                system_namespace=services.system_namespace,
+                namespaces=services.namespace_resources,
+            ),
+            pulumi.ResourceOptions(parent=self),
+        )
         Monitoring(
             f"{name}-monitoring",
             MonitoringArgs(cfg, k8s_provider, depends_on=[services.system_namespace, volcano]),

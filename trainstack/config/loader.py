@@ -445,6 +445,11 @@ def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
             queue_mode=scheduling["queueMode"],
             preemption=scheduling["preemption"],
             topology_aware=scheduling["topologyAware"],
+            deadlines=m.Deadlines(
+                image=scheduling["deadlines"]["image"],
+                interval_seconds=scheduling["deadlines"]["intervalSeconds"],
+                margin_seconds=scheduling["deadlines"]["marginSeconds"],
+            ),
         ),
         policy=m.PolicySettings(
             allowed_registries=tuple(doc["policy"]["allowedRegistries"]),

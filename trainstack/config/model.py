@@ -279,10 +279,20 @@ class PolicySettings:
 
 
 @dataclass(frozen=True)
+class Deadlines:
+    """The maximum-duration enforcer (docs/deadlines.md); the schema holds the defaults."""
+
+    image: str = "registry.example.com/trainstack/deadlines:0.1.0"
+    interval_seconds: int = 60
+    margin_seconds: int = 300
+
+
+@dataclass(frozen=True)
 class Scheduling:
     queue_mode: QueueMode = "hierarchical"
     preemption: bool = True
     topology_aware: bool = True
+    deadlines: Deadlines = Deadlines()
 
 
 @dataclass(frozen=True)
