@@ -41,7 +41,8 @@ def test_charts_monitors_rules_and_dashboards(run_program: Callable[..., Recorde
         *rec.of_type("kubernetes:monitoring.coreos.com/v1:ServiceMonitor"),
         *rec.of_type("kubernetes:monitoring.coreos.com/v1:PodMonitor"),
     ]
-    assert len(crs) == 2 + 2 + 3  # rules; dcgm + volcano; volcano controllers + 2 teams
+    # rules; dcgm + volcano; volcano controllers + 2 teams + the deadline enforcer
+    assert len(crs) == 2 + 2 + 4
     for cr in crs:
         assert stack.urn in cr.dependencies  # CRDs come with the chart
     training = [

@@ -297,11 +297,27 @@ def alert_cases() -> list[dict[str, Any]]:
                         "severity": "warning",
                     },
                 ),
-                firing("TrainstackJobOverMaxDuration", "57m", None),
                 firing("TrainstackJobNearMaxDuration", "70m", None),
+            ],
+        ),
+        # -- past the platform's stop time (the enforcer's gauge): the Command had no effect --
+        # Overdue from 10m; the alert waits three passes (5m at the default interval).
+        case(
+            [
+                series(
+                    "trainstack_deadline_job_overdue_seconds",
+                    "_x10 60+60x30",
+                    namespace="vision",
+                    team="vision",
+                    job_name="llm",
+                ),
+                series("trainstack_deadline_last_success_timestamp_seconds", "0+60x40"),
+            ],
+            [
+                firing("TrainstackJobOverMaxDuration", "13m", None),
                 firing(
                     "TrainstackJobOverMaxDuration",
-                    "70m",
+                    "16m",
                     {
                         "namespace": "vision",
                         "team": "vision",
@@ -309,6 +325,45 @@ def alert_cases() -> list[dict[str, Any]]:
                         "severity": "critical",
                     },
                 ),
+                firing("TrainstackDeadlineEnforcerDown", "30m", None),
+            ],
+        ),
+        # -- the enforcer: passes stop at 20m; then never scraped (absent) --------------------
+        case(
+            [series("trainstack_deadline_last_success_timestamp_seconds", "0+60x20 1200x40")],
+            [
+                firing("TrainstackDeadlineEnforcerDown", "23m", None),
+                firing("TrainstackDeadlineEnforcerDown", "30m", {"severity": "critical"}),
+            ],
+        ),
+        case(
+            [series("up", "1x30", job="unrelated")],
+            [
+                firing("TrainstackDeadlineEnforcerDown", "4m", None),
+                firing("TrainstackDeadlineEnforcerDown", "6m", {"severity": "critical"}),
+            ],
+        ),
+        # -- a job stopped at 10m (the series starts at 0 for every team) ---------------------
+        case(
+            [
+                series(
+                    "trainstack_deadline_terminations_total",
+                    "0x10 1x30",
+                    namespace="vision",
+                    team="vision",
+                ),
+                series(
+                    "trainstack_deadline_terminations_total", "0x40", namespace="nlp", team="nlp"
+                ),
+            ],
+            [
+                firing("TrainstackJobStoppedAtMaxDuration", "9m", None),
+                firing(
+                    "TrainstackJobStoppedAtMaxDuration",
+                    "12m",
+                    {"namespace": "vision", "team": "vision", "severity": "info"},
+                ),
+                firing("TrainstackJobStoppedAtMaxDuration", "25m", None),
             ],
         ),
         # -- pending in the queue (30m) ----------------------------------------------------

@@ -15,6 +15,7 @@ here nor recorded by one of trainstack's own recording rules. Sources:
 - Volcano v1.15 scheduler and controllers (`--enable-metrics`, volcano docs/design/metrics.md;
   the queue PodGroup counts come from the controllers, pkg/controllers/metrics/queue.go).
 - The training runtime: `trainstack_runtime.contract.METRICS` (docs/runtime.md).
+- The maximum-duration enforcer: `trainstack_deadlines.contract.METRICS` (docs/deadlines.md).
 - Prometheus: `ALERTS`.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from trainstack_deadlines import contract as deadlines
 from trainstack_runtime import contract
 
 # (DCGM field, Prometheus type, help): the exact list dcgm-exporter exports (`-f` CSV).
@@ -98,6 +100,7 @@ SOURCES: Final[dict[str, tuple[str, ...]]] = {
     "volcano-scheduler": VOLCANO_SCHEDULER_METRICS,
     "volcano-controllers": VOLCANO_CONTROLLER_METRICS,
     "trainstack runtime": tuple(contract.METRICS),
+    "trainstack deadlines": tuple(deadlines.METRICS),
 }
 
 

@@ -3,6 +3,7 @@ plain rule groups (promtool) and as PrometheusRule objects."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from trainstack.builders.monitoring.common import (
@@ -174,6 +175,52 @@ def _job_elapsed() -> str:
     )
 
 
+def deadline_alerts(cfg: PlatformConfig) -> list[dict[str, Any]]:
+    """What the maximum-duration enforcer (images/deadlines, docs/deadlines.md) reports: a job
+    it should have stopped still running, the enforcer not working, and the jobs it stopped."""
+    runbook = cfg.monitoring.runbook_url
+    job = "{{ $labels.namespace }}/{{ $labels.job_name }}"
+    interval = cfg.scheduling.deadlines.interval_seconds
+    # Three passes: the Command, Volcano's consumption of it and the job's new phase take one.
+    minutes = max(5, math.ceil(3 * interval / 60))
+    last = "trainstack_deadline_last_success_timestamp_seconds"
+    return [
+        _alert(
+            runbook,
+            "TrainstackJobOverMaxDuration",
+            "max by (namespace, team, job_name) (trainstack_deadline_job_overdue_seconds) > 0",
+            minutes,
+            "critical",
+            f"{job} runs past its maximum duration and the platform has not stopped it",
+            f"{job} is {{{{ $value | humanizeDuration }}}} past the time the platform stops it "
+            f"(first Running + {MAX_DURATION_ANNOTATION} + its termination grace period + "
+            f"{cfg.scheduling.deadlines.margin_seconds}s); it still holds its GPUs.",
+        ),
+        _alert(
+            runbook,
+            "TrainstackDeadlineEnforcerDown",
+            f"absent({last}) or (time() - max({last})) > {3 * interval}",
+            minutes,
+            "critical",
+            "The maximum-duration enforcer has not completed a pass",
+            "No pass of trainstack-deadlines (trainstack-system) without errors for "
+            f"{3 * interval}s, or it is not scraped: jobs whose entrypoint is not the "
+            "trainstack runtime are not stopped at their maximum duration.",
+        ),
+        _alert(
+            runbook,
+            "TrainstackJobStoppedAtMaxDuration",
+            "sum by (namespace, team) (increase(trainstack_deadline_terminations_total[10m])) > 0",
+            0,
+            "info",
+            "The platform stopped jobs of {{ $labels.namespace }} at their maximum duration",
+            "{{ $value | humanize }} TerminateJob Command(s) in the last 10m for jobs of "
+            "{{ $labels.namespace }} that ran past their maximum duration (the enforcer's log "
+            "and the jobs' CommandIssued events name them).",
+        ),
+    ]
+
+
 def _xid_critical() -> str:
     return " or ".join(f"DCGM_FI_DEV_XID_ERRORS == {x}" for x in CRITICAL_XIDS)
 
@@ -286,15 +333,7 @@ def alert_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
             f"{job} has used {{{{ $value | humanizePercentage }}}} of its maximum duration "
             f"({MAX_DURATION_ANNOTATION}).",
         ),
-        _alert(
-            runbook,
-            "TrainstackJobOverMaxDuration",
-            f"({_job_elapsed()} / on (namespace, job_name) group_left () {max_duration}) > 1",
-            0,
-            "critical",
-            f"{job} ran past its maximum duration",
-            f"{job} has run {{{{ $value | humanizePercentage }}}} of its maximum duration.",
-        ),
+        *deadline_alerts(cfg),
         _alert(
             runbook,
             "TrainstackJobPendingTooLong",

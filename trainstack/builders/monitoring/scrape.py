@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainstack.builders import labels
+from trainstack.builders import deadlines, labels
 from trainstack.builders.monitoring.common import (
     NAMESPACE,
     QUEUE_POD_LABEL,
@@ -88,8 +88,21 @@ def service_monitors(cfg: PlatformConfig) -> list[dict[str, Any]]:
 
 
 def pod_monitors(cfg: PlatformConfig) -> list[dict[str, Any]]:
-    """The training runtime's /metrics in every team namespace (its pods declare the port)."""
-    monitors: list[dict[str, Any]] = []
+    """The training runtime's /metrics in every team namespace (its pods declare the port),
+    and the maximum-duration enforcer's in the system namespace (its container declares
+    `metrics`)."""
+    monitors: list[dict[str, Any]] = [
+        {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PodMonitor",
+            "metadata": object_meta(cfg, deadlines.NAME, NAMESPACE),
+            "spec": {
+                "namespaceSelector": {"matchNames": [SYSTEM_NAMESPACE]},
+                "selector": {"matchLabels": deadlines.pod_labels()},
+                "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s"}],
+            },
+        }
+    ]
     relabelings: list[dict[str, Any]] = [
         {"sourceLabels": [_pod_label_meta(key)], "targetLabel": target}
         for key, target in _TRAINING_RELABEL
