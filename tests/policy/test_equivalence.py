@@ -80,6 +80,70 @@ def pod_context(context: dict[str, Any]) -> Mutation:
     return lambda j: pod(j).__setitem__("securityContext", context)
 
 
+def node_selector(selector: dict[str, str]) -> Mutation:
+    """No node affinity; this nodeSelector instead."""
+
+    def mutate(j: dict[str, Any]) -> None:
+        pod(j).pop("affinity")
+        pod(j)["nodeSelector"] = selector
+
+    return mutate
+
+
+def tolerate_all(j: dict[str, Any]) -> None:
+    pod(j)["tolerations"] = [{"operator": "Exists"}]
+
+
+def _cpu_only(j: dict[str, Any]) -> None:
+    for t in range(len(j["spec"]["tasks"])):
+        for c in pod(j, t)["containers"]:
+            for key in ("requests", "limits"):
+                c["resources"][key] = {
+                    k: v for k, v in c["resources"][key].items() if k in ("cpu", "memory")
+                }
+
+
+def cpu_only(j: dict[str, Any]) -> None:
+    _cpu_only(j)
+
+
+def cpu_only_tolerating_all(j: dict[str, Any]) -> None:
+    _cpu_only(j)
+    for t in range(len(j["spec"]["tasks"])):
+        pod(j, t)["tolerations"] = [{"operator": "Exists"}]
+
+
+def cpu_task_in_gpu_job(j: dict[str, Any]) -> None:
+    """A parameter-server-like task without GPUs beside the GPU task."""
+    extra = copy.deepcopy(j["spec"]["tasks"][0])
+    extra["name"] = "ps"
+    c = extra["template"]["spec"]["containers"][0]
+    for key in ("requests", "limits"):
+        c["resources"][key] = {
+            k: v for k, v in c["resources"][key].items() if k in ("cpu", "memory")
+        }
+    j["spec"]["tasks"].append(extra)
+
+
+def root_init(add: list[str]) -> Mutation:
+    def mutate(j: dict[str, Any]) -> None:
+        pod(j).setdefault("initContainers", []).append(
+            {
+                "name": "setup",
+                "image": "registry.example.com/a:1",
+                "securityContext": {
+                    "runAsNonRoot": False,
+                    "runAsUser": 0,
+                    "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["ALL"], "add": add},
+                },
+                "resources": {"limits": {"cpu": "100m", "memory": "64Mi"}},
+            }
+        )
+
+    return mutate
+
+
 def template_annotation(key: str, value: str) -> Mutation:
     def mutate(j: dict[str, Any]) -> None:
         metadata = j["spec"]["tasks"][0]["template"].setdefault("metadata", {})
@@ -203,12 +267,58 @@ CASES: list[tuple[str, str, Mutation | None, bool]] = [
     (
         "gpu-placement",
         "no affinity but a nodeSelector",
-        lambda j: (
-            pod(j).pop("affinity"),
-            pod(j).__setitem__("nodeSelector", {"trainstack.io/pool": "x"}),
-        ),
+        node_selector({"trainstack.io/pool": "x"}),
         True,
     ),
+    # Issue 19 #5: any node selector passed before.
+    (
+        "gpu-placement",
+        "a nodeSelector on another label",
+        node_selector({"kubernetes.io/os": "linux"}),
+        False,
+    ),
+    (
+        "gpu-placement",
+        "affinity on another label",
+        lambda j: pod(j)["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ].__setitem__(
+            "nodeSelectorTerms",
+            [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}],
+        ),
+        False,
+    ),
+    (
+        "gpu-placement",
+        "a second affinity term that selects any node",
+        lambda j: pod(j)["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"].append(
+            {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}
+        ),
+        False,
+    ),
+    (
+        "gpu-placement",
+        "pool label with NotIn",
+        lambda j: pod(j)["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ].__setitem__(
+            "nodeSelectorTerms",
+            [
+                {
+                    "matchExpressions": [
+                        {"key": "trainstack.io/pool", "operator": "NotIn", "values": ["x"]}
+                    ]
+                }
+            ],
+        ),
+        False,
+    ),
+    ("gpu-placement", "tolerates every taint", tolerate_all, True),
+    ("gpu-placement", "a CPU job tolerating the GPU taint", cpu_only, False),
+    ("gpu-placement", "a CPU job tolerating every taint", cpu_only_tolerating_all, False),
+    ("gpu-placement", "a CPU-only task of a GPU job", cpu_task_in_gpu_job, True),
     ("own-queue", "valid", None, True),
     ("own-queue", "another team's queue", lambda j: j["spec"].__setitem__("queue", "nlp"), False),
     ("shared-filesystem-subpaths", "valid", None, True),
@@ -287,6 +397,97 @@ CASES: list[tuple[str, str, Mutation | None, bool]] = [
     ("shm-sized", "valid", None, True),
     ("shm-sized", "unsized", swap_volume("dshm", {"emptyDir": {"medium": "Memory"}}), False),
     ("shm-sized", "disk-backed", swap_volume("dshm", {"emptyDir": {"sizeLimit": "8Gi"}}), False),
+    ("hardened-pods", "valid", None, True),
+    (
+        "hardened-pods",
+        "the service-account token",
+        lambda j: pod(j).pop("automountServiceAccountToken"),
+        False,
+    ),
+    ("hardened-pods", "no pod security context", lambda j: pod(j).pop("securityContext"), False),
+    (
+        "hardened-pods",
+        "non-root only on the trainer",
+        lambda j: (
+            pod(j)["securityContext"].pop("runAsNonRoot"),
+            trainer(j)["securityContext"].__setitem__("runAsNonRoot", True),
+        ),
+        True,
+    ),
+    (
+        "hardened-pods",
+        "the trainer as root",
+        lambda j: trainer(j)["securityContext"].__setitem__("runAsUser", 0),
+        False,
+    ),
+    (
+        "hardened-pods",
+        "the trainer opts out of runAsNonRoot",
+        lambda j: trainer(j)["securityContext"].__setitem__("runAsNonRoot", False),
+        False,
+    ),
+    (
+        "hardened-pods",
+        "privilege escalation",
+        lambda j: trainer(j)["securityContext"].__setitem__("allowPrivilegeEscalation", True),
+        False,
+    ),
+    (
+        "hardened-pods",
+        "capabilities not dropped",
+        lambda j: trainer(j)["securityContext"].pop("capabilities"),
+        False,
+    ),
+    (
+        "hardened-pods",
+        "IPC_LOCK on the trainer",
+        lambda j: trainer(j)["securityContext"]["capabilities"].__setitem__("add", ["IPC_LOCK"]),
+        False,
+    ),
+    (
+        "hardened-pods",
+        "NET_BIND_SERVICE on the trainer",
+        lambda j: trainer(j)["securityContext"]["capabilities"].__setitem__(
+            "add", ["NET_BIND_SERVICE"]
+        ),
+        True,
+    ),
+    (
+        "hardened-pods",
+        "seccomp on the trainer only",
+        lambda j: (
+            pod(j)["securityContext"].pop("seccompProfile"),
+            trainer(j)["securityContext"].__setitem__("seccompProfile", {"type": "RuntimeDefault"}),
+        ),
+        False,  # the prewarm init container has none then
+    ),
+    (
+        "hardened-pods",
+        "no seccomp profile",
+        lambda j: pod(j)["securityContext"].pop("seccompProfile"),
+        False,
+    ),
+    (
+        "hardened-pods",
+        "an nfs volume",
+        lambda j: pod(j)["volumes"].append({"name": "n", "nfs": {"server": "s", "path": "/"}}),
+        False,
+    ),
+    ("hardened-pods", "a root setup init container", root_init(["CHOWN"]), True),
+    ("hardened-pods", "a root init container with SYS_ADMIN", root_init(["SYS_ADMIN"]), False),
+    ("limits-set", "valid", None, True),
+    (
+        "limits-set",
+        "no cpu limit",
+        lambda j: trainer(j)["resources"]["limits"].pop("cpu"),
+        False,
+    ),
+    (
+        "limits-set",
+        "no limits on an init container",
+        lambda j: pod(j)["initContainers"][0]["resources"].pop("limits"),
+        False,
+    ),
     ("no-privileged", "valid", None, True),
     (
         "no-privileged",
@@ -301,17 +502,18 @@ CASES: list[tuple[str, str, Mutation | None, bool]] = [
         lambda j: pod(j)["volumes"].append({"name": "h", "hostPath": {"path": "/var/run"}}),
         False,
     ),
+    # Issue 19 #3: baseline forbids every hostPath, and IPC_LOCK (RDMA teams' namespaces
+    # enforced `privileged` for it before); k8s.io/pod-security-admission v0.37.2
+    # policy/check_hostPathVolumes.go, check_capabilities_baseline.go.
     (
         "no-privileged",
-        "allow-listed device path",
+        "the formerly allow-listed device path",
         lambda j: pod(j)["volumes"].append({"name": "h", "hostPath": {"path": "/dev/infiniband"}}),
-        True,
+        False,
     ),
-    # Pod Security baseline, which RDMA teams' namespaces do not enforce (issue 15: IPC_LOCK);
-    # k8s.io/pod-security-admission v0.37.2 policy/check_*.go, level baseline.
-    ("no-privileged", "IPC_LOCK for RDMA", add_capabilities("IPC_LOCK"), True),
+    ("no-privileged", "IPC_LOCK", add_capabilities("IPC_LOCK"), False),
     ("no-privileged", "a baseline capability", add_capabilities("NET_BIND_SERVICE"), True),
-    ("no-privileged", "SYS_ADMIN", add_capabilities("IPC_LOCK", "SYS_ADMIN"), False),
+    ("no-privileged", "SYS_ADMIN", add_capabilities("SYS_ADMIN"), False),
     ("no-privileged", "NET_RAW", add_capabilities("NET_RAW"), False),
     (
         "no-privileged",

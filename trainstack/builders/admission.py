@@ -35,6 +35,7 @@ def team_policy(
     resource_rules: list[dict[str, Any]],
     validations: list[dict[str, str]],
     variables: list[dict[str, str]] | None = None,
+    match_conditions: list[dict[str, str]] | None = None,
     deny: bool = True,
     extra_labels: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
@@ -44,6 +45,8 @@ def team_policy(
         "failurePolicy": "Fail",
         "matchConstraints": {"resourceRules": resource_rules},
     }
+    if match_conditions:
+        spec["matchConditions"] = match_conditions
     if variables:
         spec["variables"] = variables
     spec["validations"] = validations

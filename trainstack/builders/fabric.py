@@ -35,10 +35,16 @@ OBSOLETE_EFA_ENV = frozenset(
 )
 # Both sides of a torch job benefit from these whatever the fabric.
 TORCH_NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
-# Verbs memory registration pins pages; beyond RLIMIT_MEMLOCK only with CAP_IPC_LOCK. Every
-# pod of the NVIDIA Network Operator's RDMA examples adds it (Mellanox/network-operator
-# v25.7.0 example/rdma-test-pod1.yml, example/rdma-gpu-test-pod1.yml).
-IPC_LOCK = "IPC_LOCK"
+# Verbs memory registration pins pages, which the kernel refuses beyond RLIMIT_MEMLOCK unless
+# the process has CAP_IPC_LOCK (torvalds/linux drivers/infiniband/core/umem.c ib_umem_get).
+# The NVIDIA Network Operator's examples add IPC_LOCK to root pods; trainstack's trainers run
+# as the images' non-root user, for whom an added capability never takes effect: the kernel
+# clears the permitted set on execve for a non-root user without ambient capabilities, and
+# containerd's CRI sets none (containerd v1.7.29 pkg/cri/server/container_create_linux.go
+# WithoutAmbientCaps; kubernetes/kubernetes#56374). So the pods add nothing, and RDMA rests on
+# the limit the container inherits from the runtime (containerd's CRI drops default rlimits,
+# pkg/cri/opts/spec_opts.go WithoutDefaultSecuritySettings): the node's containerd needs
+# LimitMEMLOCK=infinity (docs/fabrics.md), and the runtime checks it before training.
 # Multus attaches the pod to the NetworkAttachmentDefinitions this annotation names
 # (k8snetworkplumbingwg multi-net-spec; the Network Operator's examples use it).
 NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
@@ -90,8 +96,6 @@ class FabricProfile:
     env: dict[str, str] = field(default_factory=dict)
     # Shared devices (the RDMA shared device plugin) are requested once per replica.
     shared_devices: tuple[str, ...] = ()
-    # Linux capabilities the trainer container adds (IPC_LOCK for RDMA).
-    capabilities: tuple[str, ...] = ()
     # The NetworkAttachmentDefinition ([namespace/]name) pods attach to as net1, if any.
     secondary_network: str | None = None
 
@@ -130,7 +134,6 @@ class FabricProfile:
             "devicesPerNode": dict(sorted(self.devices_per_node.items())),
             "hugepagesMiPerNode": self.hugepages_mi_per_node,
             "sharedDevices": list(self.shared_devices),
-            "capabilities": list(self.capabilities),
             "secondaryNetwork": self.secondary_network,
             "env": dict(sorted(self.env.items())),
         }
@@ -194,8 +197,9 @@ def rdma_profile(
 ) -> FabricProfile:
     """InfiniBand or RoCE on an existing cluster, through the RDMA shared device plugin.
 
-    Every replica on a node shares the node's HCAs through one `rdma/<name>` device, adds
-    IPC_LOCK to register memory, and attaches to the pool's secondary network if it has one.
+    Every replica on a node shares the node's HCAs through one `rdma/<name>` device and
+    attaches to the pool's secondary network if it has one; it registers memory within the
+    node runtime's RLIMIT_MEMLOCK (no capability: see IPC_LOCK above).
     NCCL_SOCKET_IFNAME picks the pod interface for NCCL's TCP bootstrap; RDMA traffic goes
     through the NCCL_IB_HCA devices whatever it says.
     """
@@ -208,7 +212,6 @@ def rdma_profile(
         gpus_per_node=gpus_per_node,
         shared_devices=(resource,),
         env=env,
-        capabilities=(IPC_LOCK,),
         secondary_network=secondary_network,
     )
 

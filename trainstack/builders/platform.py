@@ -8,11 +8,9 @@ from typing import Any
 from trainstack import outputs as out
 from trainstack.builders import labels
 from trainstack.builders.labels import TEAM_PRIORITY_ANNOTATION
-from trainstack.builders.pools import fabric_profile
 from trainstack.builders.scheduling import team_scheduling
 from trainstack.builders.storage import team_storage
 from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig, Team
-from trainstack.policy.rules import BASELINE_CAPABILITIES
 
 PLATFORM_CONFIGMAP = "trainstack-platform"
 GP3_STORAGE_CLASS = "gp3-encrypted"
@@ -39,26 +37,10 @@ def system_namespace(cfg: PlatformConfig) -> dict[str, Any]:
     )
 
 
-def team_capabilities(cfg: PlatformConfig, team: Team) -> set[str]:
-    """Linux capabilities the team's job pods add: those of the pools it may use."""
-    return {
-        capability
-        for pool in cfg.gpu_pools
-        if pool.name in team.pools
-        for capability in fabric_profile(pool).capabilities
-    }
-
-
-def pod_security_level(cfg: PlatformConfig, team: Team) -> str:
-    """Pod Security Standards level enforced in the team's namespace.
-
-    `baseline` allows only its own list of added capabilities (k8s.io/pod-security-admission
-    v0.37.2 policy/check_capabilities_baseline.go), which has no IPC_LOCK, and no level sits
-    between it and `privileged`. A team that may run on an RDMA pool therefore gets
-    `privileged`, and the `no-privileged` admission rule on its Volcano Jobs (the only way a
-    member creates pods) holds their pods to baseline with IPC_LOCK (docs/policies.md).
-    """
-    return "baseline" if team_capabilities(cfg, team) <= BASELINE_CAPABILITIES else "privileged"
+# Pod Security level of team namespaces. `baseline` for every team: the job pods meet
+# `restricted` but for the stated exceptions (docs/policies.md, hardened-pods), none of which
+# baseline refuses; RDMA pods add no capability (builders/fabric.py, IPC_LOCK).
+TEAM_POD_SECURITY = "baseline"
 
 
 def team_namespace(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
@@ -66,7 +48,7 @@ def team_namespace(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
         **labels.base_labels(cfg.stack),
         labels.ROLE: "team",
         labels.TEAM: team.name,
-        "pod-security.kubernetes.io/enforce": pod_security_level(cfg, team),
+        "pod-security.kubernetes.io/enforce": TEAM_POD_SECURITY,
         "pod-security.kubernetes.io/warn": "restricted",
     }
     if team.group:

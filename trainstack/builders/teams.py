@@ -13,8 +13,6 @@ from trainstack.config.monitoring import MONITORING_NAMESPACE
 
 MEMBER_ROLE = "trainstack-team-member"
 METRICS_PORT = HEALTH_PORT_DEFAULT  # Prometheus scrapes the runtime here
-# Limits may exceed requests this much; memory never (an over-committed node OOM-kills).
-MAX_LIMIT_REQUEST_RATIO = {"cpu": "2", "memory": "1"}
 
 
 def team_group(team: Team) -> str:
@@ -50,6 +48,7 @@ def resource_quota(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
 
 
 def limit_range(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
+    cpu_ratio = cfg.policy.max_cpu_limit_request_ratio
     return {
         "apiVersion": "v1",
         "kind": "LimitRange",
@@ -59,8 +58,14 @@ def limit_range(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
                 {
                     "type": "Container",
                     "defaultRequest": {"cpu": "1", "memory": "2Gi"},
-                    "default": {"cpu": "2", "memory": "2Gi"},
-                    "maxLimitRequestRatio": dict(MAX_LIMIT_REQUEST_RATIO),
+                    # Defaults within the ratios, so a container left to them is admitted.
+                    "default": {"cpu": f"{min(2.0, cpu_ratio):g}", "memory": "2Gi"},
+                    # The policy's own ratios (request-limit-ratio): with others, the
+                    # LimitRanger would refuse pods of a job the rules accepted (issue 19 #3).
+                    "maxLimitRequestRatio": {
+                        "cpu": f"{cpu_ratio:g}",
+                        "memory": f"{cfg.policy.max_memory_limit_request_ratio:g}",
+                    },
                 }
             ]
         },

@@ -455,7 +455,6 @@ def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
             allowed_registries=tuple(doc["policy"]["allowedRegistries"]),
             max_cpu_limit_request_ratio=doc["policy"]["maxCpuLimitRequestRatio"],
             max_memory_limit_request_ratio=doc["policy"]["maxMemoryLimitRequestRatio"],
-            allowed_host_paths=tuple(doc["policy"]["allowedHostPaths"]),
             advisory=tuple(doc["policy"]["advisory"]),
         ),
         storage=build_storage(doc, cluster_name, pools, tuple(sorted(network_zones(doc) or ()))),

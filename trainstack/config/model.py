@@ -274,7 +274,6 @@ class PolicySettings:
     allowed_registries: tuple[str, ...] = ()
     max_cpu_limit_request_ratio: float = 2.0
     max_memory_limit_request_ratio: float = 1.0
-    allowed_host_paths: tuple[str, ...] = ("/dev/infiniband",)
     advisory: tuple[str, ...] = ()
 
 

@@ -68,18 +68,6 @@ def pool_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
             issues += _aws_pool(pool, path, zones)
         elif cloud == "existing":
             issues += _existing_pool(pool, path)
-    policy = doc.get("policy")
-    advisory = policy.get("advisory") if isinstance(policy, Mapping) else None
-    rdma = [p.get("name") for _, p in pools if cloud == "existing" and "rdma" in p]
-    if rdma and isinstance(advisory, list) and "no-privileged" in advisory:
-        issues.append(
-            ConfigIssue(
-                join_path(root, "policy", "advisory"),
-                f"no-privileged cannot be advisory with RDMA pools ({', '.join(map(str, rdma))}): "
-                "their teams' namespaces enforce Pod Security privileged so that pods may add "
-                "IPC_LOCK, and this rule is what holds those pods to baseline; remove it",
-            )
-        )
     return issues
 
 

@@ -51,7 +51,7 @@ def profile(pool: Mapping[str, Any]) -> FabricProfile:
         hugepages_mi_per_node=int(raw["hugepagesMiPerNode"]),
         env=dict(raw["env"]),
         shared_devices=tuple(raw.get("sharedDevices", ())),
-        # Absent from the outputs of platform stacks deployed before they existed.
-        capabilities=tuple(raw.get("capabilities", ())),
+        # `capabilities` (IPC_LOCK) in outputs of older platform stacks is ignored: a non-root
+        # trainer never gets an added capability (builders/fabric.py).
         secondary_network=raw.get("secondaryNetwork"),
     )

@@ -6,6 +6,7 @@ what an engineer renders with the CLI is exactly what the team stack deploys.
 
 from __future__ import annotations
 
+import copy
 import shlex
 from collections.abc import Mapping
 from typing import Any
@@ -14,7 +15,7 @@ from trainstack_runtime import contract
 
 from trainstack.builders import labels
 from trainstack.builders.autoscaler import SAFE_TO_EVICT
-from trainstack.builders.pools import GPU_TOLERATION
+from trainstack.builders.pools import GPU_TOLERATION, TRAINING_UID
 from trainstack.builders.scheduling import SVC_PLUGIN_ARGS, priority_class_name
 from trainstack.builders.storage import CHECKPOINTS_MOUNT
 from trainstack.catalog import catalog
@@ -22,6 +23,7 @@ from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean
 from trainstack.jobs.lifecycle import TASK_MAX_RETRY, lifecycle_policies, volcano_max_retry
 from trainstack.jobs.platform import PlatformView, profile
 from trainstack.jobs.spec import JobSpec, cpu_millis, memory_bytes
+from trainstack.policy.rules import SETUP_CAPABILITIES
 
 MASTER, WORKER, PS = "master", "worker", "ps"
 API_VERSION = "batch.volcano.sh/v1alpha1"
@@ -407,13 +409,18 @@ def _pod(
     # node; this keeps the node while the pod runs (builders/autoscaler.py).
     metadata: dict[str, Any] = {"labels": task_labels, "annotations": {SAFE_TO_EVICT: "false"}}
     if role != PS:  # replicas with the pool's RDMA devices; parameter servers have none
-        if fabric.capabilities:
-            container["securityContext"] = {"capabilities": {"add": list(fabric.capabilities)}}
         metadata["annotations"] |= fabric.pod_annotations()
+    for c in [*init, container]:
+        c.setdefault("securityContext", copy.deepcopy(RESTRICTED_CONTAINER))
     selector = pool.get("nodeSelector", {})
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # Volcano reads exit codes only from Failed pods
         "serviceAccountName": storage.get("serviceAccount", "training"),
+        # The trainer never calls the Kubernetes API. Cloud credentials (IRSA) come through
+        # their own projected token, which the EKS pod identity webhook adds whatever this
+        # says (aws/amazon-eks-pod-identity-webhook pkg/handler/handler.go getPodSpecPatch).
+        "automountServiceAccountToken": False,
+        "securityContext": copy.deepcopy(RESTRICTED_POD),
         "terminationGracePeriodSeconds": spec.checkpoint.grace_seconds,
         "containers": [container],
         "volumes": volumes,
@@ -439,6 +446,22 @@ def _pod(
 
 
 TEAM_CHECKPOINTS = "/team-checkpoints"
+# Pod Security `restricted` (k8s.io/pod-security-admission v0.37.2 policy/
+# check_runAsNonRoot.go, check_runAsUser.go, check_seccompProfile_restricted.go,
+# check_allowPrivilegeEscalation.go, check_capabilities_restricted.go): the images' user, the
+# runtime's default seccomp profile, no capabilities, no privilege escalation. The one
+# exception, `checkpoint-dir`, is stated there and in docs/policies.md; the `hardened-pods`
+# rule holds every job to this.
+RESTRICTED_POD: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": TRAINING_UID,
+    "runAsGroup": TRAINING_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+RESTRICTED_CONTAINER: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
 
 
 def _checkpoint_dir(spec: JobSpec, team_dir: str, owner: int) -> dict[str, Any]:
@@ -464,10 +487,14 @@ def _checkpoint_dir(spec: JobSpec, team_dir: str, owner: int) -> dict[str, Any]:
             "0750",
             f"{TEAM_CHECKPOINTS}/{spec.name}",
         ],
+        # The pod runs as the images' user; this container alone is root (runAsNonRoot off
+        # for it), with no capability but the three `install` needs.
         "securityContext": {
+            "runAsNonRoot": False,
             "runAsUser": 0,
             "runAsGroup": 0,
-            "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]},
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": list(SETUP_CAPABILITIES)},
         },
         "resources": _resources(
             {"cpu": "100m", "memory": "64Mi"}, {"cpu": "100m", "memory": "64Mi"}

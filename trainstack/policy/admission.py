@@ -12,8 +12,8 @@ from typing import Any
 from trainstack.builders import labels
 from trainstack.builders.admission import VOLCANO_JOBS, team_policy
 from trainstack.policy.rules import (
-    ALLOWED_CAPABILITIES,
     APPARMOR_ANNOTATION,
+    BASELINE_CAPABILITIES,
     BASELINE_SELINUX_TYPES,
     BASELINE_SYSCTLS,
     CHECKPOINT_ENV,
@@ -29,8 +29,13 @@ from trainstack.policy.rules import (
     MAX_DURATION_ANNOTATION,
     MOVING_TAG,
     PINNED_IMAGE,
+    POOL_LABEL,
     PROBES,
+    RESTRICTED_CAPABILITIES,
+    RESTRICTED_VOLUMES,
+    SETUP_CAPABILITIES,
     SHARED_CLAIM,
+    UPDATE_READS,
     VOLCANO_SCHEDULER,
     Config,
 )
@@ -113,12 +118,6 @@ def expressions(cfg: Config) -> dict[str, str]:
         f"{float(cfg.max_duration_hours)!r})"
     )
     ann = "object.metadata.annotations"
-    gpu = _str(GPU_TAINT_KEY)
-    wants_gpu = (
-        f"(p.containers.exists(c, has(c.resources) && has(c.resources.limits) && "
-        f"{gpu} in c.resources.limits) || (has(p.initContainers) && p.initContainers.exists(c, "
-        f"has(c.resources) && has(c.resources.limits) && {gpu} in c.resources.limits)))"
-    )
     interval_names = " || ".join(f"e.name == {_str(n)}" for n in CHECKPOINT_ENV)
     registries = tuple(cfg.allowed_registries)
     digest = f"c.image.matches({_str(DIGEST.pattern)})"
@@ -129,7 +128,6 @@ def expressions(cfg: Config) -> dict[str, str]:
     pinned = (digest if cfg.production else f"({digest} || ({build_tag}))") + (
         f" && {_list(registries)}.exists(r, c.image.startsWith(r))" if registries else ""
     )
-    host_paths = _list(tuple(cfg.allowed_host_paths))
     return {
         "request-limit-ratio": _each_container(
             "!has(c.resources) || !has(c.resources.limits) || !has(c.resources.requests) || "
@@ -147,13 +145,11 @@ def expressions(cfg: Config) -> dict[str, str]:
             "int(e.value) > 0))"
         ),
         "pinned-images": _each_container(pinned),
-        "gpu-placement": (
-            f"variables.pods.all(p, !{wants_gpu} || ((has(p.tolerations) && "
-            f"p.tolerations.exists(t, has(t.key) && t.key == {gpu} && "
-            "(!has(t.effect) || t.effect == 'NoSchedule'))) && "
-            "((has(p.nodeSelector) && size(p.nodeSelector) > 0) || (has(p.affinity) && "
-            "has(p.affinity.nodeAffinity) && "
-            "has(p.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)))))"
+        "gpu-placement": _gpu_placement(cfg),
+        "hardened-pods": _hardened(),
+        "limits-set": _each_container(
+            "has(c.resources) && has(c.resources.limits) && 'cpu' in c.resources.limits && "
+            "'memory' in c.resources.limits"
         ),
         "own-queue": "has(object.spec.queue) && object.spec.queue == namespaceObject.metadata.name",
         "shared-filesystem-subpaths": _shared_mounts(
@@ -177,8 +173,7 @@ def expressions(cfg: Config) -> dict[str, str]:
         "no-privileged": (
             "variables.pods.all(p, !(has(p.hostNetwork) && p.hostNetwork) && "
             "!(has(p.hostPID) && p.hostPID) && !(has(p.hostIPC) && p.hostIPC) && "
-            "(!has(p.volumes) || p.volumes.all(v, !has(v.hostPath) || "
-            f"{host_paths}.exists(a, v.hostPath.path.startsWith(a)))))"
+            "(!has(p.volumes) || p.volumes.all(v, !has(v.hostPath))))"
             " && "
             + _each_container(
                 "!(has(c.securityContext) && has(c.securityContext.privileged) && "
@@ -188,6 +183,93 @@ def expressions(cfg: Config) -> dict[str, str]:
             + _baseline()
         ),
     }
+
+
+def _wants_gpu(p: str) -> str:
+    gpu = _str(GPU_TAINT_KEY)
+    has_gpu = f"has(c.resources) && has(c.resources.limits) && {gpu} in c.resources.limits"
+    return (
+        f"({p}.containers.exists(c, {has_gpu}) || "
+        f"(has({p}.initContainers) && {p}.initContainers.exists(c, {has_gpu})))"
+    )
+
+
+def _gpu_placement(cfg: Config) -> str:
+    """rules.gpu_placement: tolerates_gpu, targets_pool and the GPU-job exception."""
+    tolerates = (
+        "(has(p.tolerations) && p.tolerations.exists(t, "
+        "(!has(t.effect) || t.effect in ['', 'NoSchedule']) && "
+        f"((has(t.key) && t.key == {_str(GPU_TAINT_KEY)}) || ((!has(t.key) || t.key == '') && "
+        "has(t.operator) && t.operator == 'Exists'))))"
+    )
+    if cfg.pool_selectors:
+        pools = "[" + ", ".join(
+            "{" + ", ".join(f"{_str(k)}: {_str(v)}" for k, v in sorted(s.items())) + "}"
+            for s in cfg.pool_selectors
+        ) + "]"  # fmt: skip
+        by_selector = (
+            f"{pools}.exists(s, s.all(k, k in p.nodeSelector && p.nodeSelector[k] == s[k]))"
+        )
+        by_term = (
+            f"{pools}.exists(s, s.all(k, has(t.matchExpressions) && t.matchExpressions.exists(e, "
+            "e.key == k && e.operator == 'In' && has(e.values) && e.values == [s[k]])))"
+        )
+    else:
+        pool = _str(POOL_LABEL)
+        by_selector = f"{pool} in p.nodeSelector"
+        by_term = (
+            "has(t.matchExpressions) && t.matchExpressions.exists(e, "
+            f"e.key == {pool} && e.operator == 'In' && has(e.values) && size(e.values) > 0)"
+        )
+    required = "p.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    targets = (
+        f"((has(p.nodeSelector) && {by_selector}) || (has(p.affinity) && "
+        f"has(p.affinity.nodeAffinity) && has({required}) && "
+        f"size({required}.nodeSelectorTerms) > 0 && "
+        f"{required}.nodeSelectorTerms.all(t, {by_term})))"
+    )
+    gpu_job = f"variables.pods.exists(q, {_wants_gpu('q')})"
+    return (
+        f"variables.pods.all(p, {_wants_gpu('p')} ? ({tolerates} && {targets}) : "
+        f"(!{tolerates} || {gpu_job}))"
+    )
+
+
+def _hardened_container(init: bool) -> str:
+    """rules._hardened_container over `c` in pod `p`."""
+    sc, psc = "c.securityContext", "p.securityContext"
+    allowed = sorted(RESTRICTED_CAPABILITIES | (set(SETUP_CAPABILITIES) if init else set()))
+    profiles = _list(CONFINED_PROFILES)
+    body = (
+        f"has({sc}) && has({sc}.allowPrivilegeEscalation) && !{sc}.allowPrivilegeEscalation && "
+        f"has({sc}.capabilities) && has({sc}.capabilities.drop) && "
+        f"'ALL' in {sc}.capabilities.drop && (!has({sc}.capabilities.add) || "
+        f"{sc}.capabilities.add.all(x, x in {_list(allowed)})) && "
+        f"(has({sc}.seccompProfile) ? (has({sc}.seccompProfile.type) && "
+        f"{sc}.seccompProfile.type in {profiles}) : (has({psc}) && "
+        f"has({psc}.seccompProfile) && has({psc}.seccompProfile.type) && "
+        f"{psc}.seccompProfile.type in {profiles}))"
+    )
+    if not init:
+        body += (
+            f" && (has({sc}.runAsNonRoot) ? {sc}.runAsNonRoot : (has({psc}) && "
+            f"has({psc}.runAsNonRoot) && {psc}.runAsNonRoot)) && "
+            f"(!has({sc}.runAsUser) || {sc}.runAsUser != 0)"
+        )
+    return body
+
+
+def _hardened() -> str:
+    """rules.hardened_pods."""
+    volumes = " || ".join(f"has(v.{k})" for k in RESTRICTED_VOLUMES)
+    return (
+        "variables.pods.all(p, has(p.automountServiceAccountToken) && "
+        "!p.automountServiceAccountToken && !(has(p.securityContext) && "
+        "has(p.securityContext.runAsUser) && p.securityContext.runAsUser == 0) && "
+        f"(!has(p.volumes) || p.volumes.all(v, {volumes})) && "
+        f"p.containers.all(c, {_hardened_container(False)}) && (!has(p.initContainers) || "
+        f"p.initContainers.all(c, {_hardened_container(True)})))"
+    )
 
 
 def _confined(sc: str) -> str:
@@ -220,7 +302,7 @@ def _baseline() -> str:
     container = (
         f"(!has({sc}) || ({_confined(sc)} && (!has({sc}.capabilities) || "
         f"!has({sc}.capabilities.add) || {sc}.capabilities.add.all(x, x in "
-        f"{_list(sorted(ALLOWED_CAPABILITIES))})) && (!has({sc}.procMount) || "
+        f"{_list(sorted(BASELINE_CAPABILITIES))})) && (!has({sc}.procMount) || "
         f"{sc}.procMount == 'Default' || (has(p.hostUsers) && !p.hostUsers)))) && "
         "(!has(c.ports) || c.ports.all(q, !has(q.hostPort) || q.hostPort == 0)) && "
         + " && ".join(f"(!has(c.{k}) || ({_no_host('c.' + k)}))" for k in PROBES)
@@ -248,6 +330,32 @@ def _baseline() -> str:
 PODS_VARIABLE = {"name": "pods", "expression": "object.spec.tasks.map(t, t.template.spec)"}
 
 
+def _inputs(rule: str, o: str) -> list[str]:
+    """rules.update_inputs of the object `o` (`object` or `oldObject`), as CEL terms."""
+    templates = f"{o}.spec.tasks.map(t, t.template)"
+    reads = UPDATE_READS.get(rule, "templates")
+    if reads == "annotation":
+        ann, key = f"{o}.metadata.annotations", _str(MAX_DURATION_ANNOTATION)
+        return [f"((has({ann}) && {key} in {ann}) ? {ann}[{key}] : '')"]
+    if reads == "queue":
+        return [f"(has({o}.spec.queue) ? {o}.spec.queue : '')"]
+    if reads == "scheduler":
+        return [f"(has({o}.spec.schedulerName) ? {o}.spec.schedulerName : '')", templates]
+    return [templates]
+
+
+def judged(rule: str) -> dict[str, str]:
+    """The matchCondition of a rule's policy: every CREATE, and an UPDATE that changes what
+    the rule reads (rules.judged_on_update; issue 19 #8)."""
+    changed = " || ".join(
+        f"{new} != {old}"
+        for new, old in zip(_inputs(rule, "object"), _inputs(rule, "oldObject"), strict=True)
+    )
+    return {"name": "created-or-inputs-changed", "expression": (
+        f"request.operation != 'UPDATE' || {changed}"
+    )}  # fmt: skip
+
+
 def admission_policies(
     cfg: Config, stack: str, advisory: frozenset[str] = frozenset()
 ) -> list[dict[str, Any]]:
@@ -260,6 +368,7 @@ def admission_policies(
             stack,
             resource_rules=[VOLCANO_JOBS],
             variables=[PODS_VARIABLE],
+            match_conditions=[judged(rule.name)],
             validations=[
                 {
                     "expression": cel[rule.name],

@@ -38,10 +38,10 @@ CONFIG_SCHEMA = PolicyConfigSchema(
         "maxDurationHours": {"type": "number", "exclusiveMinimum": 0, "default": 168},
         "teamMaxDurationHours": {"type": "object", "additionalProperties": {"type": "number"}},
         "allowedRegistries": {"type": "array", "items": {"type": "string"}, "default": []},
-        "allowedHostPaths": {
+        "poolSelectors": {
             "type": "array",
-            "items": {"type": "string"},
-            "default": ["/dev/infiniband"],
+            "items": {"type": "object", "additionalProperties": {"type": "string"}},
+            "default": [],
         },
         "production": {"type": "boolean", "default": False},
     }

@@ -23,6 +23,7 @@ CHECKPOINT_PATH = "/checkpoints"
 CHECKPOINT_ENV = ("TRAINSTACK_CHECKPOINT_INTERVAL_S", "TRAINSTACK_CHECKPOINT_EVERY")
 MAX_DURATION_ANNOTATION = "trainstack.io/max-duration-seconds"
 GPU_TAINT_KEY = "nvidia.com/gpu"
+POOL_LABEL = "trainstack.io/pool"  # builders/labels.POOL (config never imports builders)
 # A tag (never :latest, checked apart) or a full sha256 digest. The name part has no `@`, so
 # `name@sha256:abc` is not read as the tag `abc`. Shared by the job spec, this rule and its
 # CEL admission policy (RE2 accepts it as is).
@@ -73,7 +74,9 @@ class Config:
     max_duration_hours: float = 168.0
     team_max_duration_hours: Mapping[str, float] = field(default_factory=dict)
     allowed_registries: Sequence[str] = ()
-    allowed_host_paths: Sequence[str] = ("/dev/infiniband",)
+    # Node labels selecting each GPU pool (builders/pools.pool_selector); empty: any value
+    # of POOL_LABEL, the label of the pools trainstack creates.
+    pool_selectors: Sequence[Mapping[str, str]] = ()
     production: bool = False
 
     @classmethod
@@ -86,7 +89,10 @@ class Config:
                 str(k): float(v) for k, v in dict(raw.get("teamMaxDurationHours", {})).items()
             },
             allowed_registries=tuple(raw.get("allowedRegistries", ())),
-            allowed_host_paths=tuple(raw.get("allowedHostPaths", ("/dev/infiniband",))),
+            pool_selectors=tuple(
+                {str(k): str(v) for k, v in _map(sel).items()}
+                for sel in _seq(raw.get("poolSelectors", ()))
+            ),
             production=bool(raw.get("production", False)),
         )
 
@@ -236,30 +242,86 @@ def pinned_images(job: Mapping[str, Any], cfg: Config) -> list[str]:
     return found
 
 
-def gpu_placement(job: Mapping[str, Any], cfg: Config) -> list[str]:
-    del cfg
-    found = []
-    for task, pod in pods(job):
-        wants_gpu = any(
-            GPU_TAINT_KEY in _map(_map(c.get("resources")).get("limits")) for c in containers(pod)
-        )
-        if not wants_gpu:
+def wants_gpu(pod: Mapping[str, Any]) -> bool:
+    return any(
+        GPU_TAINT_KEY in _map(_map(c.get("resources")).get("limits")) for c in containers(pod)
+    )
+
+
+def tolerates_gpu(pod: Mapping[str, Any]) -> bool:
+    """The pod tolerates the GPU pools' NoSchedule taint: by its key, or by a toleration
+    without a key and operator Exists, which tolerates every taint (core/v1 Toleration)."""
+    for t in (_map(x) for x in _seq(pod.get("tolerations"))):
+        if t.get("effect") not in (None, "", "NoSchedule"):
             continue
-        tolerates = any(
-            _map(t).get("key") == GPU_TAINT_KEY and _map(t).get("effect") in ("NoSchedule", None)
-            for t in _seq(pod.get("tolerations"))
-        )
-        affinity = _map(_map(pod.get("affinity")).get("nodeAffinity")).get(
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        )
-        if not tolerates:
+        key = t.get("key")
+        if key == GPU_TAINT_KEY or (key in (None, "") and t.get("operator") == "Exists"):
+            return True
+    return False
+
+
+def _selects_pool(labels_of: Callable[[str], Sequence[str] | None], cfg: Config) -> bool:
+    """`labels_of(key)` gives the values a placement allows for a label key (None: any)."""
+    if not cfg.pool_selectors:
+        values = labels_of(POOL_LABEL)
+        return values is not None and len(values) > 0
+    return any(
+        all(labels_of(k) == [v] for k, v in selector.items()) for selector in cfg.pool_selectors
+    )
+
+
+def targets_pool(pod: Mapping[str, Any], cfg: Config) -> bool:
+    """The pod's nodeSelector, or every term of its required node affinity, pins one of the
+    platform's pools by the pool's own labels (`In` with exactly that value)."""
+    selector = _map(pod.get("nodeSelector"))
+    if _selects_pool(lambda k: [str(selector[k])] if k in selector else None, cfg):
+        return True
+    required = _map(_map(_map(pod.get("affinity")).get("nodeAffinity")).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ))  # fmt: skip
+    terms = [_map(t) for t in _seq(required.get("nodeSelectorTerms"))]
+
+    def term_selects(term: Mapping[str, Any]) -> bool:
+        def values(key: str) -> list[str] | None:
+            for e in (_map(x) for x in _seq(term.get("matchExpressions"))):
+                if e.get("key") == key and e.get("operator") == "In":
+                    return [str(v) for v in _seq(e.get("values"))]
+            return None
+
+        return _selects_pool(values, cfg)
+
+    return bool(terms) and all(term_selects(t) for t in terms)
+
+
+def gpu_placement(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    """GPU pods tolerate the GPU taint and pin a pool by its labels (issue 19 #5: any node
+    selector passed); a pod without GPUs tolerates the taint only as part of a job that has
+    GPU pods (its parameter servers run beside the workers, on the same fabric)."""
+    found = []
+    all_pods = list(pods(job))
+    gpu_job = any(wants_gpu(p) for _, p in all_pods)
+    for task, pod in all_pods:
+        if not wants_gpu(pod):
+            if tolerates_gpu(pod) and not gpu_job:
+                found.append(
+                    f"task {task}: requests no GPUs but tolerates the {GPU_TAINT_KEY} taint, in "
+                    "a job without GPU tasks (a CPU job would hold GPU nodes)"
+                )
+            continue
+        if not tolerates_gpu(pod):
             found.append(
                 f"task {task}: requests GPUs but does not tolerate the {GPU_TAINT_KEY} taint"
             )
-        if not _map(pod.get("nodeSelector")) and not affinity:
+        if not targets_pool(pod, cfg):
+            pools = (
+                "; ".join(
+                    ", ".join(f"{k}={v}" for k, v in sorted(s.items())) for s in cfg.pool_selectors
+                )
+                or f"{POOL_LABEL}=<pool>"
+            )
             found.append(
-                f"task {task}: requests GPUs but targets no GPU pool "
-                "(nodeSelector or node affinity)"
+                f"task {task}: requests GPUs but does not pin a GPU pool by its labels "
+                f"(nodeSelector or every required node affinity term; pools: {pools})"
             )
     return found
 
@@ -362,16 +424,15 @@ def shm_sized(job: Mapping[str, Any], cfg: Config) -> list[str]:
 
 
 # The Pod Security Standards' baseline level, as k8s.io/pod-security-admission v0.37.2
-# checks it (policy/check_*.go of Level baseline). `no-privileged` holds job pods to it, with
-# two exceptions: allow-listed hostPath (RDMA devices) and IPC_LOCK (RDMA memory
-# registration), so that team namespaces allowed on RDMA pools can enforce `privileged`.
+# checks it (policy/check_*.go of Level baseline), which every team namespace enforces:
+# `no-privileged` holds Volcano Jobs to it, so that a job the rules accept never has its pods
+# refused after admission, out of the member's sight (issue 19 #3).
 BASELINE_CAPABILITIES = frozenset(
     {
         "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
         "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
     }
 )  # fmt: skip
-ALLOWED_CAPABILITIES = BASELINE_CAPABILITIES | {"IPC_LOCK"}
 BASELINE_SYSCTLS = frozenset(
     {
         "kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.tcp_syncookies",
@@ -431,8 +492,8 @@ def _baseline_containers(task: str, pod: Mapping[str, Any]) -> list[str]:
         who = f"task {task}, container {c.get('name')}"
         sc = _map(c.get("securityContext"))
         added = {str(a) for a in _seq(_map(sc.get("capabilities")).get("add"))}
-        if added - ALLOWED_CAPABILITIES:
-            found.append(f"{who}: capabilities {sorted(added - ALLOWED_CAPABILITIES)} not allowed")
+        if added - BASELINE_CAPABILITIES:
+            found.append(f"{who}: capabilities {sorted(added - BASELINE_CAPABILITIES)} not allowed")
         if sc.get("procMount", "Default") != "Default" and pod.get("hostUsers") is not False:
             found.append(f"{who}: procMount {sc.get('procMount')} is not allowed")
         if any(_map(p).get("hostPort", 0) != 0 for p in _seq(c.get("ports"))):
@@ -447,6 +508,7 @@ def _baseline_containers(task: str, pod: Mapping[str, Any]) -> list[str]:
 
 
 def no_privileged(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    del cfg
     found = []
     tasks = [_map(t) for t in _seq(_map(job.get("spec")).get("tasks"))]
     annotations = [
@@ -459,17 +521,120 @@ def no_privileged(job: Mapping[str, Any], cfg: Config) -> list[str]:
         for c in containers(pod):
             if _map(c.get("securityContext")).get("privileged") is True:
                 found.append(f"task {task}, container {c.get('name')}: privileged is not allowed")
-        for v in _seq(pod.get("volumes")):
-            path = _map(_map(v).get("hostPath")).get("path")
-            if path is not None and not any(
-                str(path).startswith(p) for p in cfg.allowed_host_paths
-            ):
-                allowed = ", ".join(cfg.allowed_host_paths) or "none"
-                found.append(
-                    f"task {task}: hostPath {path} is not allow-listed (allowed: {allowed})"
-                )
+        for v in (_map(x) for x in _seq(pod.get("volumes"))):
+            if "hostPath" in v:
+                found.append(f"task {task}: volume {v.get('name')} is a hostPath")
         found += _baseline(task, pod, task_annotations)
     return found
+
+
+# Pod Security `restricted` (k8s.io/pod-security-admission v0.37.2 policy/check_*.go of
+# Level restricted), which the platform's own job pods meet (jobs/render.py RESTRICTED_POD)
+# but for one stated exception: an init container may run as root to prepare a directory,
+# with no capability beyond SETUP_CAPABILITIES (the `checkpoint-dir` container on Lustre).
+RESTRICTED_CAPABILITIES = frozenset({"NET_BIND_SERVICE"})  # check_capabilities_restricted.go
+SETUP_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER")
+# check_restrictedVolumes.go: a volume passes if it has any of these sources.
+RESTRICTED_VOLUMES = ("configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "image",
+                      "persistentVolumeClaim", "projected", "secret")  # fmt: skip
+
+
+def _hardened_container(
+    who: str, c: Mapping[str, Any], pod_sc: Mapping[str, Any], init: bool
+) -> list[str]:
+    sc = _map(c.get("securityContext"))
+    found = []
+    if sc.get("allowPrivilegeEscalation") is not False:
+        found.append(f"{who}: allowPrivilegeEscalation is not false")
+    caps = _map(sc.get("capabilities"))
+    if "ALL" not in [str(x) for x in _seq(caps.get("drop"))]:
+        found.append(f"{who}: capabilities.drop does not hold ALL")
+    allowed = RESTRICTED_CAPABILITIES | (set(SETUP_CAPABILITIES) if init else set())
+    added = {str(a) for a in _seq(caps.get("add"))} - allowed
+    if added:
+        found.append(f"{who}: adds capabilities {sorted(added)}")
+    seccomp = sc.get("seccompProfile") if "seccompProfile" in sc else pod_sc.get("seccompProfile")
+    if _map(seccomp).get("type") not in CONFINED_PROFILES:
+        found.append(f"{who}: no RuntimeDefault or Localhost seccomp profile")
+    if not init:  # the exception: init containers may run as root (see above)
+        non_root = sc["runAsNonRoot"] if "runAsNonRoot" in sc else pod_sc.get("runAsNonRoot")
+        if non_root is not True:
+            found.append(f"{who}: runAsNonRoot is not true")
+        if "runAsUser" in sc and float(sc["runAsUser"]) == 0:
+            found.append(f"{who}: runAsUser is 0")
+    return found
+
+
+def hardened_pods(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    """Issue 19 #10: job pods meet Pod Security restricted, with the init-container exception,
+    and do not mount the service-account token they never use."""
+    del cfg
+    found = []
+    for task, pod in pods(job):
+        if pod.get("automountServiceAccountToken") is not False:
+            found.append(f"task {task}: automountServiceAccountToken is not false")
+        pod_sc = _map(pod.get("securityContext"))
+        if "runAsUser" in pod_sc and float(pod_sc["runAsUser"]) == 0:
+            found.append(f"task {task}: the pod's runAsUser is 0")
+        for v in (_map(x) for x in _seq(pod.get("volumes"))):
+            if not any(k in v for k in RESTRICTED_VOLUMES):
+                found.append(f"task {task}: volume {v.get('name')} is not of a restricted type")
+        for key, init in (("initContainers", True), ("containers", False)):
+            for c in (_map(x) for x in _seq(pod.get(key))):
+                who = f"task {task}, container {c.get('name')}"
+                found += _hardened_container(who, c, pod_sc, init)
+    return found
+
+
+def limits_set(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    """Issue 19 #3: without limits the namespace's LimitRange defaults them (builders/teams.
+    limit_range), and a request above that default makes the pod invalid, after admission."""
+    del cfg
+    found = []
+    for task, pod in pods(job):
+        for c in containers(pod):
+            limits = _map(_map(c.get("resources")).get("limits"))
+            missing = [r for r in ("cpu", "memory") if r not in limits]
+            if missing:
+                found.append(
+                    f"task {task}, container {c.get('name')}: no {' or '.join(missing)} limit"
+                )
+    return found
+
+
+# -- updates ----------------------------------------------------------------------------------
+
+# Issue 19 #8: what an UPDATE of a Volcano Job must satisfy. A rule is judged again only when
+# what it reads changed. Volcano lets an update change little (replicas, minAvailable,
+# priorityClassName and metadata: v1.15.1 pkg/webhooks/admission/jobs/validate/admit_job.go
+# validateJobUpdate), and its controller writes jobs too (pkg/controllers/job/
+# job_controller_actions.go syncJob, createOrUpdatePVC). Re-judging unchanged fields would
+# freeze every older job once a rule tightens (a team's maximum hours lowered): no label,
+# no scale, no controller write. CrossGuard and `trainstack preview` judge a stack's declared
+# jobs as a whole on every run, and a changed job is replaced, a CREATE (docs/policies.md).
+UPDATE_READS = {
+    "max-duration": "annotation",
+    "own-queue": "queue",
+    "volcano-scheduled": "scheduler",
+}  # the others read only the task templates
+
+
+def update_inputs(rule: str, job: Mapping[str, Any]) -> object:
+    """What `rule` reads of `job`, compared between the old and new object of an UPDATE."""
+    meta, spec = _map(job.get("metadata")), _map(job.get("spec"))
+    templates = [_map(t).get("template") for t in _seq(spec.get("tasks"))]
+    reads = UPDATE_READS.get(rule, "templates")
+    if reads == "annotation":
+        return _map(meta.get("annotations")).get(MAX_DURATION_ANNOTATION, "")
+    if reads == "queue":
+        return spec.get("queue", "")
+    if reads == "scheduler":
+        return (spec.get("schedulerName", ""), templates)
+    return templates
+
+
+def judged_on_update(rule: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    return update_inputs(rule, old) != update_inputs(rule, new)
 
 
 # -- AWS --------------------------------------------------------------------------------------
@@ -548,8 +713,11 @@ K8S_RULES: tuple[Rule, ...] = (
          "from allowed registries",
          "use image@sha256:… (production), otherwise image:<build tag> or a digest, from an "
          "allowed registry", (VOLCANO_JOB,), pinned_images),
-    Rule("gpu-placement", "GPU pods tolerate the GPU taint and target a GPU pool",
-         "set spec.pool in the job spec", (VOLCANO_JOB,), gpu_placement),
+    Rule("gpu-placement",
+         "GPU pods tolerate the GPU taint and pin a GPU pool by its labels; only GPU jobs "
+         "tolerate the taint",
+         "set spec.pool in the job spec; keep the GPU toleration off jobs without GPUs",
+         (VOLCANO_JOB,), gpu_placement),
     Rule("own-queue", "a job uses its own team's queue",
          "submit to the queue named like your team namespace", (VOLCANO_JOB,), own_queue),
     Rule("volcano-scheduled", "a job's pods are scheduled by Volcano in its queue",
@@ -563,11 +731,21 @@ K8S_RULES: tuple[Rule, ...] = (
     Rule("shm-sized", "/dev/shm is a sized, memory-backed volume",
          "set sharedMemory in the job spec", (VOLCANO_JOB,), shm_sized),
     Rule("no-privileged",
-         "no privileged containers, host namespaces or unlisted hostPath; otherwise Pod "
-         "Security baseline, with IPC_LOCK",
+         "the pods meet Pod Security baseline, which team namespaces enforce: no privileged "
+         "containers, host namespaces, hostPath or hostPort",
          "remove privileged/hostNetwork/hostPID/hostIPC, hostPath volumes, hostPort, added "
-         "capabilities other than baseline's and IPC_LOCK, and unconfined seccomp, AppArmor or "
-         "SELinux settings", (VOLCANO_JOB,), no_privileged),
+         "capabilities other than baseline's, and unconfined seccomp, AppArmor or SELinux "
+         "settings", (VOLCANO_JOB,), no_privileged),
+    Rule("hardened-pods",
+         "the pods meet Pod Security restricted (init containers may run as root with CHOWN, "
+         "DAC_OVERRIDE, FOWNER) and do not mount the service-account token",
+         "render the job from a job spec (the job layer does this), or set "
+         "automountServiceAccountToken: false, runAsNonRoot: true, a RuntimeDefault seccomp "
+         "profile, allowPrivilegeEscalation: false and capabilities.drop: [ALL]",
+         (VOLCANO_JOB,), hardened_pods),
+    Rule("limits-set", "every container sets cpu and memory limits",
+         "set cpu and memory limits on every container (the namespace's LimitRange default "
+         "would otherwise sit below a larger request)", (VOLCANO_JOB,), limits_set),
 )  # fmt: skip
 AWS_RULES: tuple[Rule, ...] = (
     Rule("imdsv2-required", "launch templates require IMDSv2",

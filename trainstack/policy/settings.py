@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainstack.builders.pools import pool_selector
 from trainstack.config.model import PlatformConfig
 from trainstack.policy.rules import RULES, STACK_RULES, Config, Rule, StackRule
 
@@ -17,7 +18,7 @@ def pack_config(cfg: PlatformConfig) -> dict[str, Any]:
         "maxDurationHours": max((t.max_job_hours for t in cfg.registry.teams), default=168.0),
         "teamMaxDurationHours": {t.namespace: t.max_job_hours for t in cfg.registry.teams},
         "allowedRegistries": list(policy.allowed_registries),
-        "allowedHostPaths": list(policy.allowed_host_paths),
+        "poolSelectors": [pool_selector(cfg, pool) for pool in cfg.gpu_pools],
         "production": cfg.environment == "production",
     }
 

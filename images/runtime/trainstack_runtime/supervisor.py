@@ -43,6 +43,7 @@ from .contract import (
 from .deadline import DeadlineWatch, job_start
 from .exitcodes import ConfigError, Outcome, classify_failures, classify_text
 from .health import HealthPolicy, configured_port, progress_dir, serve
+from .preflight import memlock_issue
 from .topology import NodePlan, TopologyError, node_plan
 
 log = logging.getLogger("trainstack.supervisor")
@@ -162,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         elif not Path(args.script).is_file():
             raise ConfigError(f"training script {args.script} not found")
         watch = _deadline_watch()
+        if issue := memlock_issue(os.environ):
+            raise ConfigError(issue)
     except (ConfigError, TopologyError) as err:
         outcome = Outcome(ExitCode.CONFIG_ERROR, cause=str(err))
         log.error("%s", err)
