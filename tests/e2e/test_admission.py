@@ -6,6 +6,13 @@ kube-apiserver as a member of the team (impersonated, never as an admin), with t
 admission policies generated from the same settings (`CONFIG`) and bound the way a platform
 stack binds them, so all three enforcers are held to one verdict per row. A refusal must
 come from a policy whose rule rejects the object too (the server names one denying policy).
+
+Then the same rows with the prod stack's own policies and settings, as its plan installs
+them, against what `trainstack preview` and the CrossGuard pack decide for prod (the stack
+tables of tests/policy/test_agreement.py, whose Python and CEL columns agree with these): a
+job is admitted exactly when no Kubernetes rule finds a mandatory violation with prod's
+settings. dev-advisory's table, with Warn bindings, stays offline: the API server answers a
+Warn with a warning on an admitted request, which the test client does not surface.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ from tests.e2e.kube import ApiError, wait_for
 from tests.policy.test_equivalence import CASES, CONFIG, RULES, Mutation, demo_job, trainer
 from trainstack.builders.admission import QUEUE_POLICY
 from trainstack.policy.admission import POLICY_PREFIX, admission_policies
+from trainstack.policy.pack import evaluate
+from trainstack.policy.rules import VOLCANO_JOB
+from trainstack.policy.settings import levels, pack_config
 from trainstack.preview.engine import Previewer
 
 
@@ -95,3 +105,55 @@ def test_a_member_may_submit_the_valid_job_for_real(
     created = platform.kube.create(job, as_=platform.member("vision"))
     assert created["metadata"]["uid"]
     platform.kube.delete("batch.volcano.sh/v1alpha1", "Job", "admission-real", "vision")
+
+
+# -- prod's own table ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def own_policies(prod: Deployed, demo: dict[str, Any]) -> Deployed:
+    """prod's admission policies as its plan has them (the `platform` fixture, if it ran,
+    replaced them with the equivalence table's)."""
+    for _, obj in prod.plan.kubernetes_objects():
+        if obj["kind"].startswith("ValidatingAdmissionPolicy") and obj["metadata"][
+            "name"
+        ].startswith(POLICY_PREFIX):
+            prod.kube.apply(obj)
+    # A digest from a registry the table's settings do not allow: prod's own admit it.
+    probe = copy.deepcopy(demo)
+    trainer(probe)["image"] = "elsewhere.example.org/a@sha256:" + "c" * 64
+    for c in probe["spec"]["tasks"][0]["template"]["spec"].get("initContainers", []):
+        c["image"] = trainer(probe)["image"]
+    wait_for("prod's own policies enforced", lambda: _verdict(prod, probe)[0])
+    return prod
+
+
+def _mandatory(platform: Deployed, job: dict[str, Any]) -> set[str]:
+    """The Kubernetes rules that reject `job` with the platform's settings, as the preview
+    and the CrossGuard pack (with policies/config/<stack>.json) decide."""
+    found = evaluate([(VOLCANO_JOB, "job", job)], pack_config(platform.cfg), levels(platform.cfg))
+    return {v.rule for v in found if v.level == "mandatory" and v.rule in RULES}
+
+
+@pytest.mark.parametrize(
+    ("rule", "case", "mutate", "admitted"), CASES, ids=[f"{r}: {c}" for r, c, _, _ in CASES]
+)
+def test_api_server_agrees_on_prods_own_table(
+    rule: str,
+    case: str,
+    mutate: Mutation | None,
+    admitted: bool,
+    own_policies: Deployed,
+    demo: dict[str, Any],
+) -> None:
+    del rule, case, admitted  # prod's verdict, whatever it is
+    job = copy.deepcopy(demo)
+    if mutate is not None:
+        mutate(job)
+    rejecting = _mandatory(own_policies, job)
+    ok, message = _verdict(own_policies, job)
+    assert ok is (not rejecting), message or f"admitted, but {sorted(rejecting)} reject it"
+    if not ok:
+        names = {f"{POLICY_PREFIX}{name}" for name in rejecting}
+        names |= {QUEUE_POLICY} if "own-queue" in rejecting else set()
+        assert any(f"'{name}'" in message for name in names), message
