@@ -45,6 +45,7 @@ def test_platform_tree_and_kubernetes_children(run_program: Callable[..., Record
         ("trainstack:aws:EksCluster", "p-cluster"),
         ("trainstack:k8s:PlatformServices", "p-services"),
         ("trainstack:k8s:Volcano", "p-volcano"),
+        ("trainstack:k8s:DeadlineEnforcer", "p-deadlines"),
         ("trainstack:k8s:Monitoring", "p-monitoring"),
         ("trainstack:storage:PlatformStorage", "p-storage"),
         ("trainstack:team:TeamResources", "p-team-vision"),

@@ -22,7 +22,7 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from trainstack.policy.rules import RULES, STACK_RULES, Config, Rule, StackRule
+from trainstack.policy.rules import RULES, STACK_RULES, Config, Rule, StackResource, StackRule
 
 PACK_NAME = "trainstack"
 LEVELS = {
@@ -70,10 +70,21 @@ def _resource_policy(rule: Rule) -> ResourceValidationPolicy:
 
 def _stack_policy(rule: StackRule) -> StackValidationPolicy:
     def validate(args: StackValidationArgs, report: ReportViolation) -> None:
-        resources = [(r.resource_type, r.name, r.props) for r in args.resources]
-        urns = {r.name: r.urn for r in args.resources}
-        for name, message in rule.check(resources):
-            report(_with_fix(message, rule), urns.get(name))
+        # Keyed by URN (issue 19 #6: by name, a bucket's five companions took its findings)
+        # and linked by the engine's property dependencies, known while ids are not.
+        resources = [
+            StackResource(
+                r.resource_type,
+                r.name,
+                r.props,
+                r.urn,
+                {k: tuple(d.urn for d in deps) for k, deps in r.property_dependencies.items()},
+            )
+            for r in args.resources
+            if r.resource_type in rule.resource_types
+        ]
+        for urn, message in rule.check(resources):
+            report(_with_fix(message, rule), urn)
 
     return StackValidationPolicy(
         name=rule.name,
@@ -108,12 +119,15 @@ def evaluate(
     resources: Sequence[tuple[str, str, Mapping[str, Any]]],
     config: Mapping[str, Any],
     levels: Mapping[str, str] | None = None,
+    depends_on: Mapping[str, Mapping[str, tuple[str, ...]]] | None = None,
 ) -> list[Violation]:
     """Run every rule of the pack over (type, name, inputs), like `--policy-pack`.
 
     The rules' checks run directly; the CrossGuard wrappers around them only filter by type
-    and append the fix (`_with_fix`).
+    and append the fix (`_with_fix`). `depends_on` gives, per `type::name`, the property
+    dependencies (as `type::name`) that link a stack rule's resources, as the engine's do.
     """
+    depends_on = depends_on or {}
     levels = levels or {}
     cfg = Config.from_mapping(config)
     active = [(r, lv) for r in RULES if (lv := levels.get(r.name, r.level)) != "disabled"]
@@ -135,9 +149,16 @@ def evaluate(
             for message in rule.check(props, cfg)
         ]
     for stack_rule, level in active_stack:
-        mine = [r for r in relevant if r[0] in stack_rule.resource_types]
+        mine = [
+            StackResource(
+                rtype, name, props, f"{rtype}::{name}", depends_on.get(f"{rtype}::{name}", {})
+            )
+            for rtype, name, props in relevant
+            if rtype in stack_rule.resource_types
+        ]
+        names = {r.identity: r.name for r in mine}
         found += [
-            Violation(stack_rule.name, name, _with_fix(message, stack_rule), level)
-            for name, message in stack_rule.check(mine)
+            Violation(stack_rule.name, names.get(key, key), _with_fix(message, stack_rule), level)
+            for key, message in stack_rule.check(mine)
         ]
     return found

@@ -777,33 +777,68 @@ PAB_FLAGS = ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restri
 
 
 @dataclass(frozen=True)
+class StackResource:
+    """A resource as a stack rule sees it. `key` is its identity: the URN under CrossGuard,
+    `type::name` in the plan (names repeat: a bucket and its five companions share one).
+    `depends_on` maps a property to the keys of the resources its value comes from (the
+    engine's property dependencies), which link resources while values are still unknown."""
+
+    type: str
+    name: str
+    props: Mapping[str, Any]
+    key: str = ""
+    depends_on: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def identity(self) -> str:
+        return self.key or f"{self.type}::{self.name}"
+
+
+StackCheck = Callable[[Sequence[StackResource]], list[tuple[str, str]]]
+
+
+@dataclass(frozen=True)
 class StackRule:
     name: str
     description: str
     remediation: str
-    check: Callable[[Sequence[tuple[str, str, Mapping[str, Any]]]], list[tuple[str, str]]]
+    check: StackCheck  # (identity of the resource, message) per finding
     resource_types: tuple[str, ...]  # what `check` reads; the preview passes only these
     level: Level = "mandatory"
 
 
 def _bucket_companions(
-    resources: Sequence[tuple[str, str, Mapping[str, Any]]], companion: str
+    resources: Sequence[StackResource], companion: str
 ) -> dict[str, list[Mapping[str, Any]]]:
-    """Each bucket's companion resources, found by the bucket's name or id."""
-    by_ref: dict[str, list[Mapping[str, Any]]] = {}
-    for rtype, _, props in resources:
-        if rtype == companion:
-            by_ref.setdefault(str(props.get("bucket")), []).append(props)
-    result: dict[str, list[Mapping[str, Any]]] = {}
-    for rtype, name, props in resources:
-        if rtype == BUCKET:
-            # A companion names the bucket by its id: the bucket name, or `<name>-id` offline.
-            refs = {str(props.get("bucket")), f"{name}-id"}
-            result[name] = [c for ref in sorted(refs) for c in by_ref.get(ref, [])]
+    """Each bucket's companion resources, by the bucket's identity.
+
+    Issue 19 #6: a companion names its bucket by id, which is unknown at preview while the
+    bucket is new; reading it raised in the analyzer ("can't run policy"). The property
+    dependency of `bucket` links them whatever the value is; the value (the bucket's name,
+    or `<name>-id` offline) is read only for a companion registered without dependencies.
+    """
+    buckets = {r.identity: r for r in resources if r.type == BUCKET}
+
+    def by_value(value: str) -> list[str]:
+        return [
+            key
+            for key, b in buckets.items()
+            if value in (f"{b.name}-id", str(b.props.get("bucket", b.name)))
+        ]
+
+    result: dict[str, list[Mapping[str, Any]]] = {key: [] for key in buckets}
+    for r in resources:
+        if r.type == companion:
+            deps = r.depends_on.get("bucket", ())
+            linked = (
+                [k for k in deps if k in buckets] if deps else by_value(str(r.props.get("bucket")))
+            )
+            for key in linked:
+                result[key].append(r.props)
     return result
 
 
-def s3_encrypted(resources: Sequence[tuple[str, str, Mapping[str, Any]]]) -> list[tuple[str, str]]:
+def s3_encrypted(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
     found = []
     for name, configs in _bucket_companions(resources, SSE).items():
         algorithms = {
@@ -816,9 +851,7 @@ def s3_encrypted(resources: Sequence[tuple[str, str, Mapping[str, Any]]]) -> lis
     return found
 
 
-def s3_public_access_blocked(
-    resources: Sequence[tuple[str, str, Mapping[str, Any]]],
-) -> list[tuple[str, str]]:
+def s3_public_access_blocked(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
     found = []
     for name, configs in _bucket_companions(resources, PAB).items():
         if not any(all(c.get(flag) is True for flag in PAB_FLAGS) for c in configs):
@@ -826,16 +859,11 @@ def s3_public_access_blocked(
     return found
 
 
-def cni_enforces_network_policy(
-    resources: Sequence[tuple[str, str, Mapping[str, Any]]],
-) -> list[tuple[str, str]]:
+def cni_enforces_network_policy(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
     """NetworkPolicies in a stack that manages no CNI (an existing cluster): nothing here can
     make them enforced, or check that they are. One finding per stack."""
-    policies = sorted(name for rtype, name, _ in resources if rtype == NETWORK_POLICY)
-    managed = any(
-        rtype == ADDON and _map(props).get("addonName") == "vpc-cni"
-        for rtype, _, props in resources
-    )
+    policies = sorted(r.identity for r in resources if r.type == NETWORK_POLICY)
+    managed = any(r.type == ADDON and r.props.get("addonName") == "vpc-cni" for r in resources)
     if not policies or managed:
         return []
     return [
@@ -851,9 +879,7 @@ def cni_enforces_network_policy(
 PERSISTENT_VOLUME = "kubernetes:core/v1:PersistentVolume"
 
 
-def pv_unique_volume_handle(
-    resources: Sequence[tuple[str, str, Mapping[str, Any]]],
-) -> list[tuple[str, str]]:
+def pv_unique_volume_handle(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
     """No two CSI PersistentVolumes of a plan name the same volume.
 
     The kubelet names a CSI persistent volume `<driver>^<volumeHandle>` and keeps one entry
@@ -862,14 +888,15 @@ def pv_unique_volume_handle(
     a pod using two such PVs waits for the second forever (kubernetes/kubernetes#91556).
     """
     by_volume: dict[tuple[str, str], list[tuple[str, str]]] = {}
-    for rtype, name, props in resources:
-        if rtype != PERSISTENT_VOLUME:
+    for r in resources:
+        if r.type != PERSISTENT_VOLUME:
             continue  # the analyzer hands a stack policy every resource
+        name, props = r.identity, r.props
         csi = _map(_map(props.get("spec")).get("csi"))
         if not csi:
             continue
         key = (str(csi.get("driver")), str(csi.get("volumeHandle")))
-        pv_name = str(_map(props.get("metadata")).get("name", name))
+        pv_name = str(_map(props.get("metadata")).get("name", r.name))
         by_volume.setdefault(key, []).append((name, pv_name))
     found = []
     for (driver, handle), volumes in by_volume.items():

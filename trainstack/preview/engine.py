@@ -122,8 +122,13 @@ class Previewer:
         if isinstance(config, TeamStackConfig):
             platform, _ = self.load(config.platform_stack_name)
         assert isinstance(platform, PlatformConfig)
-        resources = [(r.type, r.name, r.inputs) for r in plan.resources if r.custom]
-        found = evaluate(resources, pack_config(platform), levels(platform))
+        custom = [r for r in plan.resources if r.custom]
+        found = evaluate(
+            [(r.type, r.name, r.inputs) for r in custom],
+            pack_config(platform),
+            levels(platform),
+            {r.ref: r.property_dependencies for r in custom if r.property_dependencies},
+        )
         return tuple(v.to_json() for v in sorted(found, key=lambda v: (v.rule, v.resource)))
 
     def check_jobs(self, config: TeamStackConfig, platform_plan: Plan) -> None:

@@ -33,6 +33,8 @@ class ResourceRecord:
     provider: str
     dependencies: list[str]
     urn: str = ""
+    # Per input property, the URNs its value comes from (the request's propertyDependencies).
+    property_dependencies: dict[str, list[str]] = field(default_factory=dict)
     resource_id: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     # Resource options the engine acts on at update time (options_of): what a plan reader
@@ -95,6 +97,10 @@ class RecordingMocks(pulumi.runtime.Mocks):
             parent_urn=getattr(request, "parent", "") or "",
             provider=args.provider or "",
             dependencies=sorted(getattr(request, "dependencies", []) or []),
+            property_dependencies={
+                str(k): sorted(v.urns)
+                for k, v in getattr(request, "propertyDependencies", {}).items()
+            },
             options=options_of(request),
         )
         self.tls.record = record

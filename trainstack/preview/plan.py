@@ -82,6 +82,9 @@ class Resource:
     inputs: dict[str, Any]
     dependencies: tuple[str, ...]
     options: dict[str, Any] = field(default_factory=dict)  # mocks.options_of
+    # Per input property, the resources (`type::name`) its value comes from. Used by the
+    # stack rules at preview; not written to plan.json (every reference would be there twice).
+    property_dependencies: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
 
     @property
     def ref(self) -> str:
@@ -113,6 +116,9 @@ def _resource(record: ResourceRecord) -> Resource:
         inputs=normalise(record.inputs),
         dependencies=tuple(sorted(_urn_ref(d) for d in record.dependencies)),
         options=record.options,
+        property_dependencies={
+            k: tuple(_urn_ref(u) for u in urns) for k, urns in record.property_dependencies.items()
+        },
     )
 
 
