@@ -226,12 +226,26 @@ def _found(diagnostic: Any, resource: str) -> tuple[str, str, str, str]:
 
 
 def analyze(
-    pack: Running, stack: str, resources: Sequence[tuple[str, str, Mapping[str, Any]]]
+    pack: Running,
+    stack: str,
+    resources: Sequence[tuple[str, str, Mapping[str, Any]]],
+    depends_on: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
 ) -> list[tuple[str, str, str, str]]:
-    """Every resource through Analyze, then all of them through AnalyzeStack. A finding
-    without a URN is the analyzed resource's (the engine's analyzeResource); a stack
-    policy's names the resource's URN."""
+    """Every resource through Analyze, then all of them through AnalyzeStack, with the
+    property dependencies (`type::name` per input property, per `type::name`) as URNs, as the
+    engine sends them (step_generator.go AnalyzeResources). A finding without a URN is the
+    analyzed resource's (the engine's analyzeResource); a stack policy's names a URN."""
     names = {_urn(stack, rtype, name): name for rtype, name, _ in resources}
+
+    def dependencies(rtype: str, name: str) -> dict[str, Any]:
+        given = (depends_on or {}).get(f"{rtype}::{name}", {})
+        return {
+            key: analyzer_pb2.AnalyzerPropertyDependencies(
+                urns=[_urn(stack, *ref.rsplit("::", 1)) for ref in refs]
+            )
+            for key, refs in given.items()
+        }
+
     found = []
     for rtype, name, props in resources:
         urn = _urn(stack, rtype, name)
@@ -243,7 +257,11 @@ def analyze(
     stack_request = analyzer_pb2.AnalyzeStackRequest(
         resources=[
             analyzer_pb2.AnalyzerResource(
-                urn=_urn(stack, rtype, name), type=rtype, name=name, properties=_struct(props)
+                urn=_urn(stack, rtype, name),
+                type=rtype,
+                name=name,
+                properties=_struct(props),
+                propertyDependencies=dependencies(rtype, name),
             )
             for rtype, name, props in resources
         ]
@@ -268,8 +286,10 @@ def test_it_reports_what_the_preview_reported(
     plan = variants.preview(stack)
     _configure(pack, _document(variants, stack))
     resources = [(r.type, r.name, r.inputs) for r in plan.resources if r.custom]
+    # The preview links a stack rule's resources by the property dependencies it recorded.
+    depends_on = {r.ref: r.property_dependencies for r in plan.resources if r.custom}
     reported = sorted((v["rule"], v["resource"], v["level"], v["message"]) for v in plan.violations)
-    assert analyze(pack, stack, resources) == reported
+    assert analyze(pack, stack, resources, depends_on) == reported
 
 
 def test_the_judged_stacks_have_findings_of_both_levels(variants: Previewer) -> None:
