@@ -23,6 +23,7 @@ from trainstack.config.monitoring import build_monitoring, monitoring_checks
 from trainstack.config.pools import build_pools, network_zones, pool_checks
 from trainstack.config.schema import apply_defaults, load_schema, schema_issues
 from trainstack.config.storage import build_storage, storage_checks
+from trainstack.policy.rules import is_pinned
 
 PLATFORM_KEY = "trainstack:platform"
 TEAM_KEY = "trainstack:team"
@@ -173,11 +174,32 @@ def _platform_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     registry = doc.get("registry")
     if isinstance(registry, Mapping):
         issues.extend(_registry_checks(registry, join_path(root, "registry"), _pool_names(doc)))
+    issues.extend(_platform_image_checks(doc, root))
     issues.extend(mode_issues(doc, root))
     issues.extend(pool_checks(doc, root))
     issues.extend(storage_checks(doc, root, network_zones(doc)))
     issues.extend(monitoring_checks(doc, root))
     return issues
+
+
+def _platform_image_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
+    """Images the platform builds itself are pinned as team images are (rules.is_pinned):
+    by digest in production, by a build tag otherwise (issue 19 #4)."""
+    scheduling = doc.get("scheduling")
+    deadlines = scheduling.get("deadlines") if isinstance(scheduling, Mapping) else None
+    image = deadlines.get("image") if isinstance(deadlines, Mapping) else None
+    production = doc.get("environment") == "production"
+    fix = (
+        "build images/deadlines, push it to your registry and set image: "
+        "<registry>/trainstack/deadlines@sha256:… (docs/deadlines.md)"
+    )
+    path = join_path(root, "scheduling", "deadlines", "image")
+    if image is None and production:  # the default is a tag of an image nobody published
+        return [ConfigIssue(path, f"not set; production pins its images by digest: {fix}")]
+    if not isinstance(image, str) or is_pinned(image, production=production):
+        return []
+    pin = "a digest (production)" if production else "a build tag or a digest"
+    return [ConfigIssue(path, f"{image!r} is not pinned by {pin}: {fix}")]
 
 
 def _pool_names(doc: Mapping[str, Any]) -> set[str] | None:
