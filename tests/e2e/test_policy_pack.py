@@ -25,8 +25,9 @@ from tests.e2e.pulumi_engine import Engine, sdk_plugin_version
 from tests.policy import stacks
 from trainstack.policy import config_files
 from trainstack.policy.pack import evaluate
-from trainstack.policy.rules import RULES, STACK_RULES
+from trainstack.policy.rules import RULES
 from trainstack.policy.settings import levels, pack_config
+from trainstack.policy.stack_rules import STACK_RULES
 from trainstack.preview.engine import Previewer
 
 PACK = ROOT / "policies"

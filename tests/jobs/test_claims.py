@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import EXAMPLE_STACKS
-from trainstack.policy.rules import VOLCANO_JOB, pods
+from trainstack.policy.objects import VOLCANO_JOB, pods
 from trainstack.preview.plan import Plan
 
 PV = "kubernetes:core/v1:PersistentVolume"

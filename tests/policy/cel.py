@@ -12,7 +12,7 @@ from typing import Any
 import celpy
 from celpy import celtypes
 
-from trainstack.policy.rules import quantity as parse_quantity
+from trainstack.policy.objects import quantity as parse_quantity
 
 
 class Quantity(celtypes.DoubleType):

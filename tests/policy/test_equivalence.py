@@ -11,7 +11,8 @@ import pytest
 
 from tests.policy.cel import evaluate
 from trainstack.policy.admission import POLICY_PREFIX, admission_policies
-from trainstack.policy.rules import K8S_RULES, Config
+from trainstack.policy.objects import Config
+from trainstack.policy.rules import K8S_RULES
 from trainstack.preview.plan import Plan
 
 CONFIG = Config(

@@ -16,8 +16,10 @@ from tests.conftest import EXAMPLE_STACKS, ROOT, STACKS
 from tests.policy.crossguard import analyze
 from tests.policy.test_equivalence import CASES, CONFIG, Mutation, demo_job
 from trainstack.cli import app
+from trainstack.policy.objects import VOLCANO_JOB
 from trainstack.policy.pack import crossguard_policies, evaluate
-from trainstack.policy.rules import AWS_RULES, K8S_RULES, RULES, STACK_RULES, VOLCANO_JOB
+from trainstack.policy.rules import AWS_RULES, K8S_RULES, RULES
+from trainstack.policy.stack_rules import STACK_RULES
 from trainstack.preview.plan import Plan
 
 PACK_CONFIG = {
@@ -346,7 +348,8 @@ def test_advisory_names_are_exactly_the_rules() -> None:
     """`policy.advisory` is checked against the rule names at the edge (an unknown name used to
     be ignored, leaving the meant rule mandatory); the schema's list must follow the pack."""
     from trainstack.config.schema import load_schema  # noqa: PLC0415
-    from trainstack.policy.rules import RULES, STACK_RULES  # noqa: PLC0415
+    from trainstack.policy.rules import RULES  # noqa: PLC0415
+    from trainstack.policy.stack_rules import STACK_RULES  # noqa: PLC0415
 
     advisory = load_schema("platform.schema.json")["properties"]["policy"]["properties"]["advisory"]
     assert advisory["items"]["enum"] == sorted(r.name for r in (*RULES, *STACK_RULES))

@@ -15,8 +15,8 @@ from tests.conftest import EXAMPLE_STACKS, ROOT
 from tests.policy.crossguard import reconcile
 from trainstack.cli import app
 from trainstack.policy import config_files
+from trainstack.policy.objects import Config
 from trainstack.policy.pack import CONFIG_SCHEMA, crossguard_policies
-from trainstack.policy.rules import Config
 from trainstack.policy.settings import levels, pack_config, rule_config
 from trainstack.preview.engine import Previewer, Project
 

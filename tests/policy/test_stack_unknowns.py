@@ -24,7 +24,7 @@ from pulumi_policy.policy import EnforcementLevel, _PolicyAnalyzerServicer
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 
 from trainstack.policy.pack import PACK_NAME, crossguard_policies
-from trainstack.policy.rules import BUCKET, PAB, SSE
+from trainstack.policy.stack_rules import BUCKET, PAB, SSE
 from trainstack.preview.plan import Plan
 
 S3_RULES = ("s3-encrypted", "s3-public-access-blocked")

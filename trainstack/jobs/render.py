@@ -23,7 +23,7 @@ from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean
 from trainstack.jobs.lifecycle import TASK_MAX_RETRY, lifecycle_policies, volcano_max_retry
 from trainstack.jobs.platform import PlatformView, profile
 from trainstack.jobs.spec import JobSpec, cpu_millis, memory_bytes
-from trainstack.policy.rules import SETUP_CAPABILITIES
+from trainstack.policy.pod_security import SETUP_CAPABILITIES
 
 MASTER, WORKER, PS = "master", "worker", "ps"
 API_VERSION = "batch.volcano.sh/v1alpha1"

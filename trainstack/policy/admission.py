@@ -11,33 +11,37 @@ from typing import Any
 
 from trainstack.builders import labels
 from trainstack.builders.admission import VOLCANO_JOBS, team_policy
-from trainstack.policy.rules import (
+from trainstack.policy.objects import (
+    DEVICE_PREFIXES,
+    DEVICE_RESOURCES,
+    Config,
+)
+from trainstack.policy.pod_security import (
     APPARMOR_ANNOTATION,
     BASELINE_CAPABILITIES,
     BASELINE_SELINUX_TYPES,
     BASELINE_SYSCTLS,
+    CONFINED_PROFILES,
+    HANDLERS,
+    PROBES,
+    RESTRICTED_CAPABILITIES,
+    RESTRICTED_VOLUMES,
+    SETUP_CAPABILITIES,
+)
+from trainstack.policy.rules import (
     CHECKPOINT_ENV,
     CHECKPOINT_PATH,
-    CONFINED_PROFILES,
     DATASETS_DIR,
-    DEVICE_PREFIXES,
-    DEVICE_RESOURCES,
     DIGEST,
     GPU_TAINT_KEY,
-    HANDLERS,
     K8S_RULES,
     MAX_DURATION_ANNOTATION,
     MOVING_TAG,
     PINNED_IMAGE,
     POOL_LABEL,
-    PROBES,
-    RESTRICTED_CAPABILITIES,
-    RESTRICTED_VOLUMES,
-    SETUP_CAPABILITIES,
     SHARED_CLAIM,
     UPDATE_READS,
     VOLCANO_SCHEDULER,
-    Config,
 )
 
 POLICY_PREFIX = "trainstack-rule-"
@@ -236,7 +240,7 @@ def _gpu_placement(cfg: Config) -> str:
 
 
 def _hardened_container(init: bool) -> str:
-    """rules._hardened_container over `c` in pod `p`."""
+    """pod_security._hardened_container over `c` in pod `p`."""
     sc, psc = "c.securityContext", "p.securityContext"
     allowed = sorted(RESTRICTED_CAPABILITIES | (set(SETUP_CAPABILITIES) if init else set()))
     profiles = _list(CONFINED_PROFILES)
@@ -260,7 +264,7 @@ def _hardened_container(init: bool) -> str:
 
 
 def _hardened() -> str:
-    """rules.hardened_pods."""
+    """pod_security.hardened_pods."""
     volumes = " || ".join(f"has(v.{k})" for k in RESTRICTED_VOLUMES)
     return (
         "variables.pods.all(p, has(p.automountServiceAccountToken) && "
@@ -274,7 +278,7 @@ def _hardened() -> str:
 
 def _confined(sc: str) -> str:
     """The securityContext `sc` keeps seccomp, AppArmor and SELinux confinement and is no
-    Windows host process (rules._baseline)."""
+    Windows host process (pod_security._baseline)."""
     profiles = _list(CONFINED_PROFILES)
     se = f"{sc}.seLinuxOptions"
     return (
@@ -296,8 +300,9 @@ def _no_host(handler: str) -> str:
 
 
 def _baseline() -> str:
-    """Pod Security baseline beyond host namespaces, privileged and hostPath (rules._baseline):
-    over every pod, container and the templates' AppArmor annotations."""
+    """Pod Security baseline beyond host namespaces, privileged and hostPath
+    (pod_security._baseline): over every pod, container and the templates' AppArmor
+    annotations."""
     sc = "c.securityContext"
     container = (
         f"(!has({sc}) || ({_confined(sc)} && (!has({sc}.capabilities) || "

@@ -22,7 +22,9 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from trainstack.policy.rules import RULES, STACK_RULES, Config, Rule, StackResource, StackRule
+from trainstack.policy.objects import Config
+from trainstack.policy.rules import RULES, Rule
+from trainstack.policy.stack_rules import STACK_RULES, StackResource, StackRule
 
 PACK_NAME = "trainstack"
 LEVELS = {

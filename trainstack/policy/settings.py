@@ -6,7 +6,9 @@ from typing import Any
 
 from trainstack.builders.pools import pool_selector
 from trainstack.config.model import PlatformConfig
-from trainstack.policy.rules import RULES, STACK_RULES, Config, Rule, StackRule
+from trainstack.policy.objects import Config
+from trainstack.policy.rules import RULES, Rule
+from trainstack.policy.stack_rules import STACK_RULES, StackRule
 
 
 def pack_config(cfg: PlatformConfig) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from trainstack.jobs.files import collect_jobs
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.render import platform_issues, render
 from trainstack.jobs.spec import parse_job
+from trainstack.policy.objects import VOLCANO_JOB
 from trainstack.policy.pack import evaluate
-from trainstack.policy.rules import VOLCANO_JOB
 from trainstack.policy.settings import levels, pack_config
 from trainstack.preview.plan import Plan
 from trainstack.preview.synth import PROJECT, synth

@@ -1,0 +1,102 @@
+"""What every rule reads: resource types, quantities, the thresholds (Config) and the walk
+over a Volcano Job's pods.
+
+Functions read `props` through the Mapping/Sequence protocols only and treat numbers as
+floats, so the same code runs on plain dicts (offline preview, tests) and on the proxies
+the CrossGuard analyzer hands a policy.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Level = Literal["advisory", "mandatory", "disabled"]
+VOLCANO_JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
+ADDON = "aws:eks/addon:Addon"
+DEVICE_RESOURCES = ("nvidia.com/gpu", "vpc.amazonaws.com/efa", "hugepages-2Mi")
+DEVICE_PREFIXES = ("rdma/",)
+
+
+_UNITS = {
+    "": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40,
+}  # fmt: skip
+
+
+def quantity(value: object) -> float:
+    """A Kubernetes quantity (`500m`, `16Gi`, `8`) as a number."""
+    match = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", str(value))
+    if not match or match.group(2) not in _UNITS:
+        raise ValueError(f"not a quantity: {value!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def is_device(name: str) -> bool:
+    return name in DEVICE_RESOURCES or name.startswith(DEVICE_PREFIXES)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Thresholds; per stack through `--policy-pack-config` (schema in the pack)."""
+
+    max_cpu_limit_request_ratio: float = 2.0
+    max_memory_limit_request_ratio: float = 1.0
+    max_duration_hours: float = 168.0
+    team_max_duration_hours: Mapping[str, float] = field(default_factory=dict)
+    allowed_registries: Sequence[str] = ()
+    # Node labels selecting each GPU pool (builders/pools.pool_selector); empty: any value
+    # of POOL_LABEL, the label of the pools trainstack creates.
+    pool_selectors: Sequence[Mapping[str, str]] = ()
+    production: bool = False
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> Config:
+        return cls(
+            max_cpu_limit_request_ratio=float(raw.get("maxCpuLimitRequestRatio", 2.0)),
+            max_memory_limit_request_ratio=float(raw.get("maxMemoryLimitRequestRatio", 1.0)),
+            max_duration_hours=float(raw.get("maxDurationHours", 168.0)),
+            team_max_duration_hours={
+                str(k): float(v) for k, v in dict(raw.get("teamMaxDurationHours", {})).items()
+            },
+            allowed_registries=tuple(raw.get("allowedRegistries", ())),
+            pool_selectors=tuple(
+                {str(k): str(v) for k, v in as_map(sel).items()}
+                for sel in as_seq(raw.get("poolSelectors", ()))
+            ),
+            production=bool(raw.get("production", False)),
+        )
+
+
+# -- walking a Volcano Job ------------------------------------------------------------------
+
+
+# Plain lists and dicts first: the ABC checks (for the analyzer's proxies) are slow, and
+# rules walk every pod of every job several times.
+def as_seq(value: object) -> Sequence[Any]:
+    if type(value) is list:
+        return value
+    return value if isinstance(value, Sequence) and not isinstance(value, str) else ()
+
+
+def as_map(value: object) -> Mapping[str, Any]:
+    if type(value) is dict:
+        return value
+    return value if isinstance(value, Mapping) else {}
+
+
+def pods(job: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(task name, pod spec) for every task of a Volcano Job."""
+    for task in as_seq(as_map(job.get("spec")).get("tasks")):
+        yield (
+            str(as_map(task).get("name", "?")),
+            as_map(as_map(as_map(task).get("template")).get("spec")),
+        )
+
+
+def containers(pod: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    for key in ("initContainers", "containers"):
+        for container in as_seq(pod.get(key)):
+            yield as_map(container)
