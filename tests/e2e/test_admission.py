@@ -4,8 +4,9 @@ tests/policy/test_equivalence.py holds, for every Kubernetes rule, objects that 
 and its CEL (evaluated with cel-python) must admit or reject. Here the same objects go to
 kube-apiserver as a member of the team (impersonated, never as an admin), with the platform's
 admission policies generated from the same settings (`CONFIG`) and bound the way a platform
-stack binds them, so all three enforcers are held to one verdict per row. A refusal must
-come from a policy whose rule rejects the object too (the server names one denying policy).
+stack binds them, so all three enforcers are held to one verdict per row: admitted exactly
+when no Kubernetes rule rejects the object. A refusal must come from a policy whose rule
+rejects the object too (the server names one denying policy).
 
 Then the same rows with the prod stack's own policies and settings, as its plan installs
 them, against what `trainstack preview` and the CrossGuard pack decide for prod (the stack
@@ -18,6 +19,7 @@ Warn with a warning on an admitted request, which the test client does not surfa
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,8 +29,9 @@ from tests.e2e.kube import ApiError, wait_for
 from tests.policy.test_equivalence import CASES, CONFIG, RULES, Mutation, demo_job, trainer
 from trainstack.builders.admission import QUEUE_POLICY
 from trainstack.policy.admission import POLICY_PREFIX, admission_policies
+from trainstack.policy.objects import VOLCANO_JOB
 from trainstack.policy.pack import evaluate
-from trainstack.policy.rules import VOLCANO_JOB
+from trainstack.policy.rules import POOL_LABEL
 from trainstack.policy.settings import levels, pack_config
 from trainstack.preview.engine import Previewer
 
@@ -38,30 +41,65 @@ def demo(previewer: Previewer) -> dict[str, Any]:
     return demo_job(previewer.preview("vision"))
 
 
+def _probes(demo: dict[str, Any]) -> list[dict[str, Any]]:
+    """Jobs that the table's settings (`CONFIG`) and prod's own judge differently, one per
+    policy whose settings differ: a digest from another registry (CONFIG allows one
+    registry), a build tag (prod takes digests only) and a pool picked by a label value no
+    pool has (prod pins its pools' own selectors)."""
+
+    def image(job: dict[str, Any], value: str) -> dict[str, Any]:
+        trainer(job)["image"] = value
+        for c in job["spec"]["tasks"][0]["template"]["spec"].get("initContainers", []):
+            c["image"] = value
+        return job
+
+    elsewhere = image(copy.deepcopy(demo), "elsewhere.example.org/a@sha256:" + "c" * 64)
+    build_tag = image(copy.deepcopy(demo), "registry.example.com/a:2025.06.1")
+    any_pool = copy.deepcopy(demo)
+    any_pool["spec"]["tasks"][0]["template"]["spec"].pop("affinity")
+    any_pool["spec"]["tasks"][0]["template"]["spec"]["nodeSelector"] = {POOL_LABEL: "x"}
+    return [elsewhere, build_tag, any_pool]
+
+
+def _settle(platform: Deployed, demo: dict[str, Any], rejects: Callable[..., set[str]]) -> None:
+    """The API server compiles policies from an informer: wait until it judges every probe
+    as the settings just applied do (each probe is judged differently by the others)."""
+    probes = _probes(demo)
+    for probe in probes:
+        assert rejects(probe) != _config_rejects(probe) or rejects is _config_rejects
+    wait_for(
+        "the applied policies enforced",
+        lambda: all(_verdict(platform, p)[0] is (not rejects(p)) for p in probes),
+    )
+
+
+def _config_rejects(job: dict[str, Any]) -> set[str]:
+    return {name for name, r in RULES.items() if r.check(job, CONFIG)}
+
+
 @pytest.fixture(scope="module")
 def platform(prod: Deployed, demo: dict[str, Any]) -> Deployed:
     # The equivalence table's settings, so the server judges by the same rules the other two
     # columns do; bindings and namespaces are the platform stack's own.
     for manifest in admission_policies(CONFIG, prod.stack):
         prod.kube.apply(manifest)
-    # The API server compiles policies from an informer: wait until the new registry list
-    # (prod's own stack allows any registry) is what it enforces.
-    probe = copy.deepcopy(demo)
-    trainer(probe)["image"] = "elsewhere.example.org/a:1"
-    wait_for("the table's policies enforced", lambda: not _verdict(prod, probe)[0])
+    _settle(prod, demo, _config_rejects)
     return prod
 
 
-def _policies_for(rule: str, job: dict[str, Any]) -> set[str]:
-    """Policies that may report a rule's refusal: the API server names the first denying
-    policy it evaluated, in no fixed order, so any policy whose rule also rejects the object
-    may be named (a hostPath checkpoint volume breaks `checkpoint-volume` and
-    `no-privileged`). The Volcano component's queue-ownership policy
-    (builders/admission.queue_ownership_policy) checks the queue like `own-queue`."""
-    rejecting = {name for name, r in RULES.items() if r.check(job, CONFIG)}
-    assert rule in rejecting, f"the table says {rule} rejects, yet its Python rule admits"
-    names = {f"{POLICY_PREFIX}{name}" for name in rejecting}
-    return names | {QUEUE_POLICY} if "own-queue" in rejecting else names
+def _judged(platform: Deployed, job: dict[str, Any], rejecting: set[str]) -> None:
+    """The API server admits `job` exactly when no rule rejects it, and a refusal names the
+    policy of a rule that rejects it. The server names the first denying policy it evaluated,
+    in no fixed order, so any rejecting rule's policy may be named (a hostPath checkpoint
+    volume breaks `checkpoint-volume` and `no-privileged`); the Volcano component's
+    queue-ownership policy (builders/admission.queue_ownership_policy) checks the queue like
+    `own-queue`."""
+    ok, message = _verdict(platform, job)
+    assert ok is (not rejecting), message or f"admitted, but {sorted(rejecting)} reject it"
+    if not ok:
+        names = {f"{POLICY_PREFIX}{name}" for name in rejecting}
+        names |= {QUEUE_POLICY} if "own-queue" in rejecting else set()
+        assert any(f"'{name}'" in message for name in names), message
 
 
 def _verdict(platform: Deployed, job: dict[str, Any]) -> tuple[bool, str]:
@@ -87,13 +125,12 @@ def test_api_server_agrees(
     job = copy.deepcopy(demo)
     if mutate is not None:
         mutate(job)
-    ok, message = _verdict(platform, job)
-    assert ok is admitted, (
-        message or f"admitted, but {rule} rejects: {RULES[rule].check(job, CONFIG)}"
-    )
-    if not ok:
-        # Refused by this rule's policy, not by something else in the admission chain.
-        assert any(f"'{name}'" in message for name in _policies_for(rule, job)), message
+    # A row is built for one rule but may break another too (a `no-privileged` row that
+    # replaces the pod's securityContext drops what `hardened-pods` requires): the server
+    # judges by all of them.
+    rejecting = _config_rejects(job)
+    assert (rule not in rejecting) is admitted, f"the table's verdict for {rule}"
+    _judged(platform, job, rejecting)
 
 
 def test_a_member_may_submit_the_valid_job_for_real(
@@ -119,12 +156,7 @@ def own_policies(prod: Deployed, demo: dict[str, Any]) -> Deployed:
             "name"
         ].startswith(POLICY_PREFIX):
             prod.kube.apply(obj)
-    # A digest from a registry the table's settings do not allow: prod's own admit it.
-    probe = copy.deepcopy(demo)
-    trainer(probe)["image"] = "elsewhere.example.org/a@sha256:" + "c" * 64
-    for c in probe["spec"]["tasks"][0]["template"]["spec"].get("initContainers", []):
-        c["image"] = trainer(probe)["image"]
-    wait_for("prod's own policies enforced", lambda: _verdict(prod, probe)[0])
+    _settle(prod, demo, lambda job: _mandatory(prod, job))
     return prod
 
 
@@ -150,10 +182,4 @@ def test_api_server_agrees_on_prods_own_table(
     job = copy.deepcopy(demo)
     if mutate is not None:
         mutate(job)
-    rejecting = _mandatory(own_policies, job)
-    ok, message = _verdict(own_policies, job)
-    assert ok is (not rejecting), message or f"admitted, but {sorted(rejecting)} reject it"
-    if not ok:
-        names = {f"{POLICY_PREFIX}{name}" for name in rejecting}
-        names |= {QUEUE_POLICY} if "own-queue" in rejecting else set()
-        assert any(f"'{name}'" in message for name in names), message
+    _judged(own_policies, job, _mandatory(own_policies, job))
