@@ -32,10 +32,21 @@ PROJECT = Project.find(ROOT)
         (["job_specs/nobody/x.yaml"], []),
         (["trainstack/builders/scheduling.py"], ["dev", "onprem", "prod", "vision"]),
         (["__main__.py"], ["dev", "onprem", "prod", "vision"]),
+        # A stack's generated pack config concerns that stack's real preview only.
+        (["policies/config/dev.json"], ["dev"]),
+        (["policies/config/gone.json"], []),
+        (["policies/__main__.py"], ["dev", "onprem", "prod", "vision"]),
     ],
 )
 def test_files_map_to_stacks(files: list[str], stacks: list[str]) -> None:
     assert select_stacks(PROJECT, files).stacks == stacks
+
+
+def test_the_policy_config_folder_is_the_generators() -> None:
+    from trainstack.diff.changed import POLICY_CONFIG_DIR  # noqa: PLC0415
+    from trainstack.policy.config_files import CONFIG_DIR  # noqa: PLC0415
+
+    assert CONFIG_DIR.as_posix() == POLICY_CONFIG_DIR
 
 
 def test_removed_stack_is_reported_not_previewed() -> None:

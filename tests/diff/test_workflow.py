@@ -129,6 +129,8 @@ def test_least_privilege_and_no_secrets_where_pull_request_code_runs() -> None:
     assert pulumi["with"]["command"] == "preview"
     assert pulumi["with"]["diff"] is True
     assert pulumi["with"]["policyPacks"] == "policies"
+    # Issue 19 #2: the CLI judges by the stack's generated settings, not the schema defaults.
+    assert pulumi["with"]["policyPackConfigs"] == "policies/config/${{ matrix.stack }}.json"
 
 
 def test_actions_are_pinned_by_commit() -> None:

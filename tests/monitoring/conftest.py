@@ -41,6 +41,7 @@ def platform_doc(**monitoring: Any) -> dict[str, Any]:
         "cloud": "aws",
         "environment": "production",
         "kubernetesVersion": "1.33",
+        "scheduling": {"deadlines": {"image": f"registry.example.com/deadlines@sha256:{'0' * 64}"}},
         "aws": {
             "region": "us-east-1",
             "network": {

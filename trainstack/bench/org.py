@@ -63,6 +63,8 @@ def platform_config(size: OrgSize) -> dict[str, Any]:
         "cloud": "aws",
         "environment": "production",
         "clusterName": "trainstack-org",
+        # Production pins the platform's own images by digest (config/loader.py).
+        "scheduling": {"deadlines": {"image": f"registry.example.com/deadlines@sha256:{'0' * 64}"}},
         "kubernetesVersion": "1.33",
         "aws": {
             "region": "us-east-1",

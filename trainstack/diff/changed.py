@@ -15,6 +15,7 @@ from trainstack.preview.engine import Project
 IGNORED_PREFIXES = ("docs/", "tests/", ".github/")
 IGNORED_NAMES = (".gitignore", "LICENSE")
 IGNORED_SUFFIXES = (".md",)
+POLICY_CONFIG_DIR = "policies/config"  # policy/config_files.CONFIG_DIR (no import: it previews)
 
 
 @dataclass
@@ -92,6 +93,19 @@ def _stack_kinds(project: Project) -> dict[str, dict[str, Any]]:
     return kinds
 
 
+def _stack_file_changed(
+    selection: Selection, kinds: dict[str, dict[str, Any]], stack: str, name: str
+) -> None:
+    if stack not in kinds:
+        selection.removed.append(stack)
+        return
+    selection.add(stack, f"{name} changed")
+    if not kinds[stack]:  # a platform stack: its team stacks read its outputs
+        for other, team in kinds.items():
+            if str(team.get("platformStack", "")).rsplit("/", 1)[-1] == stack:
+                selection.add(other, f"its platform stack {stack} changed")
+
+
 def select_stacks(project: Project, files: list[str]) -> Selection:
     """Map changed files to the stacks whose plans they can change."""
     kinds = _stack_kinds(project)
@@ -107,15 +121,13 @@ def select_stacks(project: Project, files: list[str]) -> Selection:
         ):
             continue
         if path.parent == PurePosixPath(stacks_dir.as_posix()) and path.name.startswith("Pulumi."):
-            stack = path.name[len("Pulumi.") : -len(".yaml")]
-            if stack not in kinds:
-                selection.removed.append(stack)
-                continue
-            selection.add(stack, f"{name} changed")
-            if not kinds[stack]:  # a platform stack: its team stacks read its outputs
-                for other, team in kinds.items():
-                    if str(team.get("platformStack", "")).rsplit("/", 1)[-1] == stack:
-                        selection.add(other, f"its platform stack {stack} changed")
+            _stack_file_changed(selection, kinds, path.name[len("Pulumi.") : -len(".yaml")], name)
+            continue
+        if path.parent == PurePosixPath(POLICY_CONFIG_DIR) and path.suffix == ".json":
+            # A stack's CrossGuard settings (trainstack policy-config), read by the real
+            # `pulumi preview --policy-pack` of that stack only.
+            if path.stem in kinds:
+                selection.add(path.stem, f"{name} changed")
             continue
         if path.parts[:1] == ("job_specs",) and len(path.parts) > 2:
             team_name = path.parts[1]
