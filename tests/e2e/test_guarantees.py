@@ -44,7 +44,7 @@ def flat_values(prod: dict[str, Any]) -> dict[str, Any]:
     plus what the hierarchy's deserved share gave it room to borrow. Its real capability is
     the cluster minus every guarantee plus its own (104), whatever the borrow limit."""
     platform = prod["config"]["trainstack:platform"]
-    platform["scheduling"] = {"queueMode": "flat"}
+    platform["scheduling"] = {**platform.get("scheduling", {}), "queueMode": "flat"}
     for group in platform["registry"]["groups"]:
         group.pop("quota", None)
     for team in platform["registry"]["teams"]:
