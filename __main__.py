@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pulumi
 
-from components.platform import Platform
-from components.team import TeamStack
 from trainstack import outputs as out
+from trainstack.components.platform import Platform
+from trainstack.components.team import TeamStack
 from trainstack.config import ConfigError, PlatformConfig
 from trainstack.jobs.files import load_jobs
 from trainstack.program import load_pulumi_config

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from components.platform import Platform
 from tests.components.test_gpu import efa_pool, platform, run_pool
 from tests.conftest import Recorded
 from trainstack.builders import eks as eks_builder
+from trainstack.components.platform import Platform
 from trainstack.config import PlatformConfig, load_stack_file
 
 STACKS = Path(__file__).parent.parent.parent / "stacks"
@@ -76,7 +76,7 @@ def test_system_nodes_keep_two_hops_for_the_add_ons_that_read_metadata(
     run_program: Callable[..., Recorded], prod: PlatformConfig
 ) -> None:
     """The other side of the GPU rule: add-on pods on system nodes (EBS CSI node) read IMDS, and
-    no team pod schedules there (components/nodes.imdsv2_only)."""
+    no team pod schedules there (trainstack/components/nodes.imdsv2_only)."""
     rec = run_program(lambda: Platform("p", prod), region="us-east-1")
     system = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "p-cluster-system-lt")
     assert system.inputs["metadataOptions"]["httpPutResponseHopLimit"] == 2

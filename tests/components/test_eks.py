@@ -11,8 +11,8 @@ import pulumi
 import pulumi_aws as aws
 import pytest
 
-from components.eks import EksCluster, EksClusterArgs
 from tests.conftest import Recorded, unsecret
+from trainstack.components.eks import EksCluster, EksClusterArgs
 from trainstack.config import PlatformConfig, load_stack_file
 
 FIXTURES = Path(__file__).parent.parent / "config" / "fixtures" / "valid"

@@ -11,9 +11,9 @@ import pulumi
 import pulumi_aws as aws
 import pytest
 
-from components.gpu import GpuNodePool, GpuNodePoolArgs, GpuPlugins, GpuPluginsArgs
-from components.platform import Platform
 from tests.conftest import ROOT, Recorded
+from trainstack.components.gpu import GpuNodePool, GpuNodePoolArgs, GpuPlugins, GpuPluginsArgs
+from trainstack.components.platform import Platform
 from trainstack.config import PlatformConfig, load_stack_file, parse_stack_config
 
 ZONES = ["us-east-1a", "us-east-1b"]

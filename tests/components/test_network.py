@@ -10,9 +10,9 @@ import pulumi_aws as aws
 from hypothesis import given
 from hypothesis import strategies as st
 
-from components.network import Network, NetworkArgs
 from tests.conftest import Recorded
 from trainstack.builders.network import plan_subnets
+from trainstack.components.network import Network, NetworkArgs
 from trainstack.config.model import ExistingVpc, NewVpc, Subnet
 
 

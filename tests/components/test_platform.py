@@ -9,10 +9,10 @@ from pathlib import Path
 import pulumi
 import pytest
 
-from components.platform import Platform
-from components.team import TeamStack, UnknownTeamError
 from tests.conftest import Recorded
 from trainstack import outputs as out
+from trainstack.components.platform import Platform
+from trainstack.components.team import TeamStack, UnknownTeamError
 from trainstack.config import PlatformConfig, TeamStackConfig, load_stack_file
 
 FIXTURES = Path(__file__).parent.parent / "config" / "fixtures" / "valid"

@@ -8,10 +8,10 @@ from dataclasses import replace
 import pulumi_kubernetes as k8s
 import yaml
 
-from components.scheduling import Volcano, VolcanoArgs
 from tests.builders.test_scheduling import config, team
 from tests.conftest import Recorded
 from tests.volcano_chart import CHART_DIR, volcano_source
+from trainstack.components.scheduling import Volcano, VolcanoArgs
 from trainstack.config.model import Environment
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from components.platform import Platform
 from tests.conftest import Recorded
 from trainstack.builders.storage import team_storage
+from trainstack.components.platform import Platform
 from trainstack.config import PlatformConfig, load_stack_file
 from trainstack.outputs import team_slice
 

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from components.platform import Platform
 from tests.conftest import Recorded
+from trainstack.components.platform import Platform
 from trainstack.config import PlatformConfig, load_stack_file
 
 STACKS = Path(__file__).parent.parent.parent / "stacks"

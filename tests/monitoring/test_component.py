@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import pulumi_kubernetes as k8s
 
-from components.monitoring import Monitoring, MonitoringArgs
 from tests.conftest import Recorded
 from tests.monitoring.conftest import platform, platform_doc
+from trainstack.components.monitoring import Monitoring, MonitoringArgs
 
 
 def run(run_program: Callable[..., Recorded], plugin: str = "nvidia-device-plugin") -> Recorded:

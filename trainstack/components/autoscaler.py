@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components.kube import helm_release
 from trainstack.builders import autoscaler as b
 from trainstack.builders.eks import pod_identity_assume_role_policy
+from trainstack.components.kube import helm_release
 from trainstack.config.model import PlatformConfig
 
 

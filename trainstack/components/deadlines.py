@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import pulumi
 
-from components.kube import apply_manifest
 from trainstack.builders import deadlines as b
+from trainstack.components.kube import apply_manifest
 from trainstack.config.model import PlatformConfig
 
 

@@ -9,9 +9,9 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from components.nodes import encrypted_root_volume, imdsv2_only
 from trainstack.builders import eks as b
 from trainstack.builders import labels
+from trainstack.components.nodes import encrypted_root_volume, imdsv2_only
 from trainstack.config.model import AwsSettings, PlatformConfig
 
 

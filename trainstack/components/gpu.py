@@ -9,12 +9,12 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from components.kube import apply_manifest, helm_release
-from components.nodes import encrypted_root_volume, imdsv2_only, tag_specifications
 from trainstack.builders import autoscaler
 from trainstack.builders import nodegroups as ng
 from trainstack.builders import pools as b
 from trainstack.builders.fabric import efa_network_interfaces
+from trainstack.components.kube import apply_manifest, helm_release
+from trainstack.components.nodes import encrypted_root_volume, imdsv2_only, tag_specifications
 from trainstack.config.model import GpuPool, PlatformConfig
 
 _CAPACITY_TYPES = {

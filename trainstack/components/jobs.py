@@ -7,7 +7,7 @@ from typing import Any
 
 import pulumi
 
-from components.kube import resource_token
+from trainstack.components.kube import resource_token
 from trainstack.config.errors import ConfigError
 from trainstack.jobs.lifecycle import replacement_key
 from trainstack.jobs.platform import PlatformView

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.kube import apply_manifest, helm_release
 from trainstack.builders import dashboards as d
 from trainstack.builders import monitoring as b
+from trainstack.components.kube import apply_manifest, helm_release
 from trainstack.config.model import PlatformConfig
 
 

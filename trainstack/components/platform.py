@@ -7,18 +7,6 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
-from components.autoscaler import ClusterAutoscaler, ClusterAutoscalerArgs
-from components.deadlines import DeadlineEnforcer, DeadlineEnforcerArgs
-from components.eks import EksCluster, EksClusterArgs
-from components.existing import ExistingCluster
-from components.gpu import GpuNodePool, GpuNodePoolArgs, GpuPlugins, GpuPluginsArgs
-from components.monitoring import Monitoring, MonitoringArgs
-from components.network import Network, NetworkArgs
-from components.policy import AdmissionPolicies, AdmissionPoliciesArgs
-from components.scheduling import Volcano, VolcanoArgs
-from components.services import PlatformServices, PlatformServicesArgs
-from components.storage import AwsContext, PlatformStorage, PlatformStorageArgs
-from components.teams import TeamAccess, TeamResources, TeamResourcesArgs
 from trainstack import outputs as out
 from trainstack.builders import labels
 from trainstack.builders.monitoring import monitoring_output
@@ -26,6 +14,18 @@ from trainstack.builders.platform import registry_groups, team_outputs
 from trainstack.builders.pools import pool_output
 from trainstack.builders.scheduling import scheduling_output
 from trainstack.builders.storage import storage_output
+from trainstack.components.autoscaler import ClusterAutoscaler, ClusterAutoscalerArgs
+from trainstack.components.deadlines import DeadlineEnforcer, DeadlineEnforcerArgs
+from trainstack.components.eks import EksCluster, EksClusterArgs
+from trainstack.components.existing import ExistingCluster
+from trainstack.components.gpu import GpuNodePool, GpuNodePoolArgs, GpuPlugins, GpuPluginsArgs
+from trainstack.components.monitoring import Monitoring, MonitoringArgs
+from trainstack.components.network import Network, NetworkArgs
+from trainstack.components.policy import AdmissionPolicies, AdmissionPoliciesArgs
+from trainstack.components.scheduling import Volcano, VolcanoArgs
+from trainstack.components.services import PlatformServices, PlatformServicesArgs
+from trainstack.components.storage import AwsContext, PlatformStorage, PlatformStorageArgs
+from trainstack.components.teams import TeamAccess, TeamResources, TeamResourcesArgs
 from trainstack.config.model import PlatformConfig
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pulumi
 
-from components.kube import apply_manifest
+from trainstack.components.kube import apply_manifest
 from trainstack.config.model import PlatformConfig
 from trainstack.policy.admission import admission_policies
 from trainstack.policy.settings import rule_config

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import pulumi
 
-from components.kube import apply_manifest, helm_release
 from trainstack.builders import admission, labels
 from trainstack.builders import scheduling as b
 from trainstack.builders.platform import namespace
+from trainstack.components.kube import apply_manifest, helm_release
 from trainstack.config.model import PlatformConfig
 
 

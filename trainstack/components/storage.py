@@ -13,8 +13,8 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from components.kube import apply_manifest, helm_release
 from trainstack.builders import storage as b
+from trainstack.components.kube import apply_manifest, helm_release
 from trainstack.config.model import PlatformConfig, Team
 
 

@@ -8,8 +8,8 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.jobs import TrainingJob, TrainingJobArgs
 from trainstack import outputs as out
+from trainstack.components.jobs import TrainingJob, TrainingJobArgs
 from trainstack.config.model import TeamStackConfig
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.spec import JobSpec

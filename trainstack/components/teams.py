@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components.kube import apply_manifest
 from trainstack.builders import teams as b
+from trainstack.components.kube import apply_manifest
 from trainstack.config.model import PlatformConfig, Team
 
 
