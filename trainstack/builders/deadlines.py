@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from trainstack_deadlines import contract
-
 from trainstack.builders import labels
 from trainstack.builders.platform import PLATFORM_CONFIGMAP
 from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig
+from trainstack.contracts import deadlines as contract
 
 NAME: Final = contract.SERVICE_ACCOUNT
 STATE_ROLE: Final = f"{NAME}-state"

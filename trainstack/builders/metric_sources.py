@@ -14,8 +14,8 @@ here nor recorded by one of trainstack's own recording rules. Sources:
 - node-exporter: the infiniband collector (on by default) on InfiniBand/RoCE nodes.
 - Volcano v1.15 scheduler and controllers (`--enable-metrics`, volcano docs/design/metrics.md;
   the queue PodGroup counts come from the controllers, pkg/controllers/metrics/queue.go).
-- The training runtime: `trainstack_runtime.contract.METRICS` (docs/runtime.md).
-- The maximum-duration enforcer: `trainstack_deadlines.contract.METRICS` (docs/deadlines.md).
+- The training runtime: `trainstack.contracts.runtime.METRICS` (docs/runtime.md).
+- The maximum-duration enforcer: `trainstack.contracts.deadlines.METRICS` (docs/deadlines.md).
 - Prometheus: `ALERTS`.
 """
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from trainstack_deadlines import contract as deadlines
-from trainstack_runtime import contract
+from trainstack.contracts import deadlines
+from trainstack.contracts import runtime as contract
 
 # (DCGM field, Prometheus type, help): the exact list dcgm-exporter exports (`-f` CSV).
 DCGM_COUNTERS: Final[tuple[tuple[str, str, str], ...]] = (

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainstack_runtime.contract import HEALTH_PORT_DEFAULT
-
 from trainstack.builders import labels
 from trainstack.builders.storage import LUSTRE_PORTS
 from trainstack.config.model import PlatformConfig, Team
 from trainstack.config.monitoring import MONITORING_NAMESPACE
+from trainstack.contracts.runtime import HEALTH_PORT_DEFAULT
 
 MEMBER_ROLE = "trainstack-team-member"
 METRICS_PORT = HEALTH_PORT_DEFAULT  # Prometheus scrapes the runtime here

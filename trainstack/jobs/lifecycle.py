@@ -8,7 +8,7 @@ import hashlib
 import json
 from typing import Any
 
-from trainstack_runtime import contract
+from trainstack.contracts import runtime as contract
 
 # Exit code -> Volcano action: retryable classes restart (and resume from the last
 # checkpoint), fatal ones stop the job; a deadline ends it for good.

@@ -11,8 +11,6 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from trainstack_runtime import contract
-
 from trainstack.builders import labels
 from trainstack.builders.autoscaler import SAFE_TO_EVICT
 from trainstack.builders.pools import GPU_TOLERATION, TRAINING_UID
@@ -20,6 +18,7 @@ from trainstack.builders.scheduling import SVC_PLUGIN_ARGS, priority_class_name
 from trainstack.builders.storage import CHECKPOINTS_MOUNT
 from trainstack.catalog import catalog
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean
+from trainstack.contracts import runtime as contract
 from trainstack.jobs.lifecycle import TASK_MAX_RETRY, lifecycle_policies, volcano_max_retry
 from trainstack.jobs.platform import PlatformView, profile
 from trainstack.jobs.spec import JobSpec, cpu_millis, memory_bytes

@@ -10,13 +10,12 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Literal
 
-from trainstack_runtime.contract import CHECKPOINT_DIR_DEFAULT, ENV_CHECKPOINT_DIR
-
 from trainstack import yamlio
 from trainstack.builders import labels
 from trainstack.config import k8s_syntax
 from trainstack.config.errors import ConfigError, ConfigIssue, join_path
 from trainstack.config.schema import apply_defaults, schema_issues
+from trainstack.contracts.runtime import CHECKPOINT_DIR_DEFAULT, ENV_CHECKPOINT_DIR
 from trainstack.policy.rules import MOVING_TAG, is_pinned
 
 SCHEMA = "job.schema.json"

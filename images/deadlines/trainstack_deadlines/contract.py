@@ -2,7 +2,10 @@
 
 The platform's builders (trainstack/builders/deadlines.py) and monitoring rules import these,
 as they import the training runtime's contract, so the Deployment, the PodMonitor and the
-alerts name exactly what the program serves.
+alerts name exactly what the program serves. One module, two byte-identical copies:
+trainstack/contracts/deadlines.py (the platform's) and
+images/deadlines/trainstack_deadlines/contract.py (the enforcer image's); standard library only,
+and tests/test_contracts.py holds the copies identical.
 """
 
 from __future__ import annotations

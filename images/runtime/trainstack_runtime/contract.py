@@ -1,8 +1,11 @@
 """The runtime <-> platform contract: exit codes, paths, ports, env vars, metric names.
 
-This module must stay importable without torch: the platform package (job layer, monitoring)
-imports it to wire retry policies, volumes, probes and alerts. docs/runtime.md documents every
-value here; changing one is a breaking change for running jobs.
+One module, two byte-identical copies: trainstack/contracts/runtime.py, which the platform
+package imports to wire retry policies, volumes, probes and alerts, and
+images/runtime/trainstack_runtime/contract.py, which the runtime image ships. The platform never
+installs the runtime (it needs torch), nor the runtime the platform (Pulumi); so this module
+imports the standard library only, and tests/test_contracts.py holds the copies identical.
+docs/runtime.md documents every value here; changing one is a breaking change for running jobs.
 """
 
 from __future__ import annotations

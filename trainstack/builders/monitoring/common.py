@@ -30,7 +30,7 @@ DCGM_RELEASE: Final = "dcgm-exporter"
 DCGM_CONFIGMAP: Final = "trainstack-dcgm-counters"
 DCGM_CSV_PATH: Final = "/etc/dcgm-exporter/trainstack-counters.csv"
 DASHBOARD_LABEL: Final = ("grafana_dashboard", "1")  # the Grafana sidecar's label
-RUNTIME_PORT: Final = 8080  # trainstack_runtime.contract.HEALTH_PORT_DEFAULT
+RUNTIME_PORT: Final = 8080  # trainstack.contracts.runtime.HEALTH_PORT_DEFAULT
 
 # Job annotations the job layer sets; kube-state-metrics exports them as gauges.
 MAX_DURATION_ANNOTATION: Final = f"{labels.PREFIX}/max-duration-seconds"

@@ -1,0 +1,139 @@
+"""The runtime <-> platform contract: exit codes, paths, ports, env vars, metric names.
+
+One module, two byte-identical copies: trainstack/contracts/runtime.py, which the platform
+package imports to wire retry policies, volumes, probes and alerts, and
+images/runtime/trainstack_runtime/contract.py, which the runtime image ships. The platform never
+installs the runtime (it needs torch), nor the runtime the platform (Pulumi); so this module
+imports the standard library only, and tests/test_contracts.py holds the copies identical.
+docs/runtime.md documents every value here; changing one is a breaking change for running jobs.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Final
+
+
+class ExitCode(IntEnum):
+    """Container exit codes. Retryable codes are >= 128 (Kubeflow ExitCode policy semantics)."""
+
+    OK = 0
+    USER_ERROR = 1  # uncaught exception in user code
+    CONFIG_ERROR = 2  # bad arguments, environment or checkpoint/world-size mismatch
+    DEVICE_OOM = 3  # accelerator out of memory: a retry with the same config fails again
+    KILLED = 137  # SIGKILL: host OOM-killer or an external kill
+    COMM_ERROR = 200  # collective timeout, NCCL/gloo error, watchdog abort (SIGABRT)
+    HARDWARE = 201  # ECC/Xid/illegal memory access, SIGBUS/SIGSEGV: retry elsewhere
+    STORAGE = 202  # EIO/ESTALE/ETIMEDOUT on the checkpoint or data path
+    PREEMPTED = 203  # SIGTERM: emergency checkpoint taken, resume on restart
+    PEER_LOST = 204  # a peer process or node vanished (connection closed/reset, store gone)
+    DEADLINE_EXCEEDED = 4  # the job's maximum duration passed: checkpointed, do not retry
+
+
+RETRYABLE: Final[frozenset[ExitCode]] = frozenset(
+    {
+        ExitCode.KILLED,
+        ExitCode.COMM_ERROR,
+        ExitCode.HARDWARE,
+        ExitCode.STORAGE,
+        ExitCode.PREEMPTED,
+        ExitCode.PEER_LOST,
+    }
+)
+FATAL: Final[frozenset[ExitCode]] = frozenset(
+    {ExitCode.USER_ERROR, ExitCode.CONFIG_ERROR, ExitCode.DEVICE_OOM, ExitCode.DEADLINE_EXCEEDED}
+)
+
+# Human-readable class names, used in the termination message and in docs.
+EXIT_CLASS: Final[dict[ExitCode, str]] = {
+    ExitCode.OK: "ok",
+    ExitCode.USER_ERROR: "user_error",
+    ExitCode.CONFIG_ERROR: "config_error",
+    ExitCode.DEVICE_OOM: "device_oom",
+    ExitCode.KILLED: "killed",
+    ExitCode.COMM_ERROR: "comm_error",
+    ExitCode.HARDWARE: "hardware",
+    ExitCode.STORAGE: "storage",
+    ExitCode.PREEMPTED: "preempted",
+    ExitCode.PEER_LOST: "peer_lost",
+    ExitCode.DEADLINE_EXCEEDED: "deadline_exceeded",
+}
+
+# Codes after which the node itself is suspect (the job layer may cordon it).
+NODE_SUSPECT: Final[frozenset[ExitCode]] = frozenset({ExitCode.HARDWARE})
+
+
+def is_retryable(code: int) -> bool:
+    """True if the job layer should restart the job after this container exit code."""
+    try:
+        return ExitCode(code) in RETRYABLE
+    except ValueError:
+        # Unknown codes: 128+signal deaths are infrastructure-shaped, 1..127 are not.
+        return code >= 128
+
+
+# --- paths, ports, defaults --------------------------------------------------------------
+CHECKPOINT_DIR_DEFAULT: Final = "/checkpoints"
+HEALTH_PORT_DEFAULT: Final = 8080  # serves both /healthz and /metrics
+HEALTH_PATH: Final = "/healthz"
+METRICS_PATH: Final = "/metrics"
+TERMINATION_LOG_DEFAULT: Final = "/dev/termination-log"
+RUN_DIR_DEFAULT: Final = "/tmp/trainstack"  # progress and per-rank exit files (pod-local)
+HEALTH_STALE_S_DEFAULT: Final = 600.0
+HEALTH_STARTUP_S_DEFAULT: Final = 1800.0
+SHUTDOWN_TIMEOUT_S_DEFAULT: Final = 90
+COMM_TIMEOUT_S_DEFAULT: Final = 600.0
+KEEP_LAST_DEFAULT: Final = 3
+
+# --- environment variables the runtime reads ---------------------------------------------
+ENV_CHECKPOINT_DIR: Final = "TRAINSTACK_CHECKPOINT_DIR"  # durable location (mounted volume)
+ENV_CHECKPOINT_LOCAL_DIR: Final = "TRAINSTACK_CHECKPOINT_LOCAL_DIR"  # optional fast local tier
+ENV_CHECKPOINT_EVERY: Final = "TRAINSTACK_CHECKPOINT_EVERY"  # steps between checkpoints
+ENV_CHECKPOINT_INTERVAL_S: Final = "TRAINSTACK_CHECKPOINT_INTERVAL_S"  # seconds between them
+ENV_CHECKPOINT_CHECK_EVERY: Final = "TRAINSTACK_CHECKPOINT_CHECK_EVERY"  # steps between checks
+ENV_CHECKPOINT_KEEP: Final = "TRAINSTACK_CHECKPOINT_KEEP"  # committed checkpoints to keep
+ENV_COMMIT_TIMEOUT_S: Final = "TRAINSTACK_CHECKPOINT_COMMIT_TIMEOUT_S"
+ENV_HEALTH_PORT: Final = "TRAINSTACK_HEALTH_PORT"  # 0 picks a free port; -1 disables
+ENV_HEALTH_STALE_S: Final = "TRAINSTACK_HEALTH_STALE_S"
+ENV_HEALTH_STARTUP_S: Final = "TRAINSTACK_HEALTH_STARTUP_S"
+ENV_RUN_DIR: Final = "TRAINSTACK_RUN_DIR"
+ENV_TERMINATION_LOG: Final = "TRAINSTACK_TERMINATION_LOG"
+ENV_COMM_TIMEOUT_S: Final = "TRAINSTACK_COMM_TIMEOUT_S"
+ENV_NPROC_PER_NODE: Final = "TRAINSTACK_NPROC_PER_NODE"
+ENV_MAX_RESTARTS: Final = "TRAINSTACK_MAX_RESTARTS"
+ENV_SHUTDOWN_TIMEOUT_S: Final = "TRAINSTACK_SHUTDOWN_TIMEOUT_S"
+ENV_VOLCANO_MASTER_TASK: Final = "TRAINSTACK_VOLCANO_MASTER_TASK"
+ENV_VOLCANO_WORKER_TASK: Final = "TRAINSTACK_VOLCANO_WORKER_TASK"
+ENV_MAX_DURATION_S: Final = "TRAINSTACK_MAX_DURATION_S"  # job deadline, across restarts
+ENV_FAULT: Final = "TRAINSTACK_FAULT"  # chaos testing only, see faults.py
+
+# --- Prometheus metrics served on /metrics (all gauges/counters carry a `rank` label) ----
+METRIC_PREFIX: Final = "trainstack_"
+METRICS: Final[dict[str, tuple[str, str]]] = {
+    # name: (type, help)
+    "trainstack_up": ("gauge", "1 while the pod-level health server runs"),
+    "trainstack_healthy": ("gauge", "1 if every rank made progress within the staleness limit"),
+    "trainstack_ranks_reporting": ("gauge", "ranks with a progress record on this pod"),
+    "trainstack_step": ("gauge", "last completed optimizer step"),
+    "trainstack_last_step_timestamp_seconds": ("gauge", "unix time the last step completed"),
+    "trainstack_step_time_seconds": ("gauge", "wall time of the last step"),
+    "trainstack_data_wait_seconds": ("gauge", "time the last step was blocked on input data"),
+    "trainstack_comm_time_seconds": ("gauge", "exposed communication time of the last step"),
+    "trainstack_samples_per_second": ("gauge", "samples per second over the last step"),
+    "trainstack_checkpoint_stall_seconds": (
+        "gauge",
+        "training-loop time blocked by the last checkpoint",
+    ),
+    "trainstack_last_checkpoint_step": ("gauge", "step of the last committed checkpoint"),
+    "trainstack_last_checkpoint_timestamp_seconds": (
+        "gauge",
+        "unix time the last checkpoint committed",
+    ),
+    "trainstack_worker_restarts": ("gauge", "in-pod restarts of the worker group so far"),
+    "trainstack_steps_total": ("counter", "steps completed by this process since it started"),
+    "trainstack_step_seconds_total": ("counter", "sum of step wall times"),
+    "trainstack_data_wait_seconds_total": ("counter", "sum of data-wait times"),
+    "trainstack_comm_seconds_total": ("counter", "sum of exposed communication times"),
+    "trainstack_checkpoint_stall_seconds_total": ("counter", "sum of checkpoint stalls"),
+    "trainstack_checkpoints_total": ("counter", "checkpoints committed by this process"),
+}
