@@ -43,10 +43,9 @@ def diff_paths(base: Path, head: Path) -> DiffReport:
             )
     base_plans, head_plans = _plans_in(base), _plans_in(head)
     if not base_plans and not head_plans:
-        raise PlanError(
-            f"{base} and {head} hold no <stack>/plan.json; run `trainstack preview STACK "
-            "--out FOLDER` on each side first"
-        )
+        # A change that touches no stack (docs only): an empty report, not an error, so the
+        # pull request still gets its comment (issue 23 #2).
+        err.print(f"note: neither {base} nor {head} holds a <stack>/plan.json: no stack to compare")
     stacks: list[Any] = []
     for stack in sorted(set(base_plans) | set(head_plans)):
         old = load_plan(base_plans[stack]) if stack in base_plans else None

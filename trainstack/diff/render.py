@@ -156,6 +156,8 @@ def _stack_markdown(stack: StackDiff) -> list[str]:
 
 def to_markdown(report: DiffReport) -> str:
     lines = [MARKER, "## trainstack plan diff", ""]
+    if not report.stacks:
+        return "\n".join([*lines, "This change touches no stack: nothing to preview.", ""])
     if not report.has_changes:
         names = ", ".join(s.stack for s in report.stacks) or "none"
         lines += [f"No changes ({len(report.stacks)} stack(s): {names}).", ""]
