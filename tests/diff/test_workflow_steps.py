@@ -205,6 +205,19 @@ def test_violations_still_compare_with_the_base_and_fail_the_job(tmp_path: Path)
 
 
 @pytest.mark.slow
+def test_a_deleted_stack_is_reported_as_one_to_destroy(tmp_path: Path) -> None:
+    """Issue 23 #7: before, a removed stack file was neither previewed nor diffed."""
+    repo, base = _repository(tmp_path)
+    (repo / "stacks" / "Pulumi.dev.yaml").unlink()
+    _commit(repo, "retire the development platform")
+    run = run_offline_job(repo, base, tmp_path)
+    assert run.succeeded, run.logs
+    assert (repo / "build" / "pr" / "stacks.txt").read_text().split() == ["dev"]
+    assert (repo / "build" / "pr" / "base" / "dev" / "plan.json").is_file()
+    assert "**dev** (platform) (stack removed)" in run.report()
+
+
+@pytest.mark.slow
 def test_a_new_stack_is_reported_as_new(tmp_path: Path) -> None:
     repo, base = _repository(tmp_path)
     shutil.copy(repo / "stacks" / "Pulumi.dev.yaml", repo / "stacks" / "Pulumi.dev2.yaml")

@@ -84,13 +84,14 @@ def changed_stacks(
     since: Annotated[str, typer.Argument(help="Git ref to compare with (e.g. origin/main).")],
     project_dir: Annotated[Path, typer.Option(help="Folder with Pulumi.yaml.")] = Path("."),
 ) -> None:
-    """Print the stacks a change since SINCE touches, one per line (for CI)."""
+    """Print the stacks a change since SINCE touches, one per line (for CI), removed ones too:
+    CI previews those on the base, and the diff shows them as stacks to destroy."""
     try:
         selection = stacks_changed_since(project_dir, since)
     except ConfigError as error:
         err.print(Text.assemble(("error: ", "bold red"), str(error)))
         raise typer.Exit(EXIT_USER_ERROR) from None
-    for stack in selection.stacks:
+    for stack in sorted({*selection.stacks, *selection.removed}):
         print(stack)
 
 
