@@ -6,7 +6,14 @@ STACK  ?= dev
 STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: setup preview test lint typecheck unit faults goldens bench-runtime bench-preview clean \
-	e2e-tools e2e bench-scheduling fuzz policy-config
+	e2e-tools e2e bench-scheduling fuzz policy-config help
+
+# `make` alone lists the targets: each described by the `## ` line right above its rule.
+.DEFAULT_GOAL := help
+## list these targets with what each does
+help:
+	@echo 'usage: make TARGET [STACK=dev]'
+	@awk '/^## /{d=substr($$0,4); next} d && /^[a-z][-a-z0-9]*:/{sub(/:.*/,""); printf "  %-17s %s\n",$$0,d} {d=""}' $(firstword $(MAKEFILE_LIST))
 
 # Reinstall only when the dependency declarations change.
 $(STAMP): pyproject.toml images/runtime/pyproject.toml images/prewarm/pyproject.toml \
@@ -17,28 +24,36 @@ $(STAMP): pyproject.toml images/runtime/pyproject.toml images/prewarm/pyproject.
 		-e images/deadlines
 	touch $@
 
+## create .venv and install (again when a pyproject changes)
 setup: $(STAMP)
 
+## offline plan of STACK (default dev) into build/STACK/
 preview: setup
 	$(BIN)/trainstack preview $(STACK)
 
+## lint, typecheck and unit: what CI runs
 test: setup lint typecheck unit
 
+## ruff check and ruff format --check
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+## mypy --strict
 typecheck: setup
 	$(BIN)/mypy
 
+## the test suite (pytest; e2e scenarios deselected)
 unit: setup
 	$(BIN)/pytest -q
 
+## the training runtime's fault-injection tests only
 faults: setup
 	$(BIN)/pytest -q -m faults
 
 # Mutation fuzzing of stack files and job specs (tests/fuzz/README.md). `make test` runs a fixed,
 # derandomized budget; this runs ten times more from a random seed (FUZZ_SEED=N repeats a run).
+## 10x make test's fuzzing, random seed (FUZZ_SEED=N repeats)
 fuzz: setup
 	seed=$${FUZZ_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; \
 	echo "fuzz seed: $$seed (FUZZ_SEED=$$seed make fuzz repeats this run)"; \
@@ -47,32 +62,40 @@ fuzz: setup
 
 # The CrossGuard pack's --policy-pack-config files, policies/config/<stack>.json, from the stack
 # files (docs/policies.md); `make test` fails while a checked-in one is stale.
+## write the CrossGuard pack's policies/config/<stack>.json
 policy-config: setup
 	$(BIN)/trainstack policy-config
 
+## rewrite tests/goldens/ after a deliberate plan change
 goldens: setup
 	TRAINSTACK_UPDATE_GOLDENS=1 $(BIN)/pytest -q tests/test_goldens.py
 
+## checkpoint-stall and overhead benchmark of the runtime
 bench-runtime: setup
 	$(BIN)/python -m trainstack_runtime.bench
 
+## remove build/ and the tools' caches
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache
 
 # Offline preview at organisation scale vs. the mock engine's floor (docs/diff.md); last line JSON.
+## preview time at organisation scale vs the engine's floor
 bench-preview: setup
 	$(BIN)/python -m trainstack.bench.preview
 
 # The real control plane (docs/testing.md): kube-apiserver, etcd, Volcano, kwok, actionlint,
 # the Pulumi CLI and its Kubernetes provider, built from pinned Go modules into
 # ~/.cache/trainstack/e2e (TRAINSTACK_E2E_CACHE); cold about 50 minutes, warm a no-op.
+## build the pinned control-plane tools (cold ~50 min)
 e2e-tools: setup
 	$(BIN)/python -m tests.e2e.toolchain build
 
 # Scenario tests on that control plane; last line: one JSON object of outcome counts.
+## scenario tests on a real control plane; last line JSON
 e2e: e2e-tools
 	$(BIN)/python -m tests.e2e.run $(E2E_FLAGS) -q
 
 # Volcano with the generated configuration vs. its default, on a simulated organisation.
+## Volcano with the generated configuration vs its default
 bench-scheduling: e2e-tools
 	$(BIN)/python -m tests.e2e.bench_scheduling

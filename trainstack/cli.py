@@ -6,19 +6,25 @@ no traceback), 2 bad command-line usage, 3 mandatory policy violations in a prev
 
 from __future__ import annotations
 
+import inspect
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import pulumi
 import typer
 import yaml
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from trainstack import yamlio
-from trainstack.config import ConfigError, TeamStackConfig, load_stack_file
+from trainstack.config import ConfigError, ConfigIssue, TeamStackConfig, load_stack_file
+from trainstack.config.errors import did_you_mean
+from trainstack.config.loader import stack_name_from_path
 from trainstack.diff.cli import register as _register_diff
 from trainstack.diff.cli import select_changed as _select_changed
 from trainstack.documents import document_kind
@@ -30,9 +36,59 @@ from trainstack.preview.summary import capacity_renderables
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 1
+EXIT_USAGE = 2  # click's own code for bad command-line usage
 EXIT_POLICY_VIOLATION = 3
+EXIT_CODES = (
+    f"Exit codes: {EXIT_OK} success; {EXIT_USER_ERROR} a config or input error (each problem "
+    f"once, with its file and field, no traceback); {EXIT_USAGE} bad command-line usage; "
+    f"{EXIT_POLICY_VIOLATION} mandatory policy violations in a preview (the plan is still "
+    "written)."
+)
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+PROJECT_DIR_HELP = "Folder with Pulumi.yaml, or a folder below it."
+
+
+def _paragraphs(text: str | None) -> str | None:
+    """Docstring paragraphs as paragraphs: rich help keeps a docstring's line breaks."""
+    if text is None:
+        return None
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
+
+
+def _plain_flags(command: TyperCommand | TyperGroup, ctx: Any) -> None:
+    """No type column for flags (typer shows `<bool>` for `--check` and `--help`): a flag takes
+    no value."""
+    for param in command.get_params(ctx):
+        if isinstance(param, TyperOption) and param.is_flag:
+            param.metavar = ""
+
+
+class Command(TyperCommand):
+    """Every `trainstack` command: wrapped help paragraphs, flags without a type."""
+
+    def __init__(self, name: str | None, **kwargs: Any) -> None:
+        kwargs["help"] = _paragraphs(kwargs.get("help"))
+        super().__init__(name, **kwargs)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _plain_flags(self, ctx)
+        super().format_help(ctx, formatter)
+
+
+class Group(TyperGroup):
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _plain_flags(self, ctx)
+        super().format_help(ctx, formatter)
+
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Multi-team GPU training platform: offline previews, validation and plan diffs.",
+    epilog=EXIT_CODES,
+    cls=Group,
+)
 # Markup and emoji codes off: user text (patterns like ^[a-z]([-a-z0-9]*[a-z0-9])?$, paths,
 # values) prints verbatim; rich would take bracket groups for markup tags, and `:tea:` or a
 # `:100:` line number for emoji codes.
@@ -45,20 +101,91 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(EXIT_USER_ERROR)
 
 
+def _installed_version() -> str:
+    try:
+        return version("trainstack")
+    except PackageNotFoundError:  # a source tree on sys.path, never installed
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        console.print(f"trainstack {_installed_version()}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    del show_version  # handled by its callback
+
+
+def shown(path: Path) -> str:
+    """A path as the user can use it from here: relative below the working directory,
+    absolute elsewhere."""
+    absolute = path.resolve()
+    try:
+        return str(absolute.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(absolute)
+
+
+def short_type(resource_type: str) -> str:
+    """aws:ec2/launchTemplate:LaunchTemplate -> aws:ec2:LaunchTemplate (the module's last part
+    repeats the type); kubernetes:core/v1:ConfigMap stays as it is."""
+    package, module, kind = [*resource_type.split(":", 2), "", ""][:3]
+    base, _, last = module.rpartition("/")
+    if base and last.lower() == kind.lower():
+        return f"{package}:{base}:{kind}"
+    return resource_type
+
+
+def short_component(ref: str) -> str:
+    """trainstack:aws:GpuNodePool::prod-pool-a -> GpuNodePool prod-pool-a"""
+    rtype, sep, name = ref.partition("::")
+    return f"{rtype.rsplit(':', 1)[-1]} {name}" if sep else ref
+
+
+def summary_table(plan: Plan, width: int) -> Table:
+    """Resources by component and type: one row per type when that fits in `width`; else the
+    compact form, each component a heading over its types (short names), for 80 columns."""
+    title = f"{plan.kind} stack {plan.stack!r}: resources by component and type"
+    counts = plan.counts_by_component()
+    wide = Table(title=title)
+    wide.add_column("component", overflow="fold")
+    wide.add_column("type", overflow="fold")
+    wide.add_column("count", justify="right")
+    for component, by_type in counts.items():
+        for index, (rtype, count) in enumerate(sorted(by_type.items())):
+            wide.add_row(Text(component if index == 0 else ""), Text(rtype), str(count))
+    natural = Measurement.get(console, console.options.update(max_width=10_000), wide)
+    if natural.maximum <= width:
+        return wide
+    compact = Table(title=title)
+    compact.add_column("component / type", overflow="fold")
+    compact.add_column("count", justify="right")
+    for index, (component, by_type) in enumerate(counts.items()):
+        if index:
+            compact.add_section()
+        compact.add_row(Text(short_component(component), style="bold"), str(sum(by_type.values())))
+        for rtype, count in sorted(by_type.items()):
+            compact.add_row(Text(f"  {short_type(rtype)}"), str(count))
+    return compact
+
+
 def print_summary(plan: Plan, out_dir: Path, seconds: float) -> None:
-    table = Table(title=f"{plan.kind} stack {plan.stack!r}: resources by component and type")
-    table.add_column("component", overflow="fold")
-    table.add_column("type", overflow="fold")
-    table.add_column("count", justify="right")
-    total = 0
-    for component, counts in plan.counts_by_component().items():
-        for index, (rtype, count) in enumerate(sorted(counts.items())):
-            table.add_row(component if index == 0 else "", rtype, str(count))
-            total += count
-    console.print(table)
+    console.print(summary_table(plan, console.width))
+    total = sum(sum(by_type.values()) for by_type in plan.counts_by_component().values())
     console.print(
         f"{total} resources, {len(plan.kubernetes_objects())} Kubernetes objects, "
-        f"{len(plan.outputs)} outputs -> {out_dir} ({seconds:.1f}s)"
+        f"{len(plan.outputs)} outputs -> {shown(out_dir)} ({seconds:.1f}s)",
+        soft_wrap=True,
     )
     # Platform stacks: firm vs elastic GPUs and what the queues promise (nothing for teams).
     for renderable in capacity_renderables(plan.outputs):
@@ -77,30 +204,78 @@ def print_policy_report(plan: Plan) -> None:
     console.print(table)
 
 
-@app.command()
+def stack_names(project: Project, given: list[str]) -> list[str]:
+    """Stack names from names or stack file paths (stacks/Pulumi.dev.yaml -> dev), all checked
+    at once: one ConfigError with a line per unknown name (and the closest known one)."""
+    known = project.stacks()
+    folder = project.stacks_dir.resolve()
+    names: list[str] = []
+    issues: list[ConfigIssue] = []
+    for arg in given:
+        name = arg
+        if "/" in arg or arg.endswith((".yaml", ".yml")):
+            path = Path(arg)
+            name = stack_name_from_path(path)
+            problem = None
+            if not name or path.name != f"Pulumi.{name}{path.suffix}":
+                problem = "not a stack file: stack files are named Pulumi.<stack>.yaml"
+            elif not path.is_file():
+                problem = "no such file"
+            elif path.resolve().parent != folder:
+                problem = (
+                    f"not in this project's stack folder ({shown(folder)}); move it there or "
+                    "pass --project-dir"
+                )
+            if problem is not None:
+                issues.append(ConfigIssue(arg, problem))
+                continue
+        if name not in known:
+            issues.append(
+                ConfigIssue(
+                    arg,
+                    f"no stack file for {name!r}{did_you_mean(name, known)}; "
+                    f"stacks: {', '.join(known) or 'none'}",
+                )
+            )
+            continue
+        names.append(name)
+    if issues:
+        raise ConfigError("stack arguments", issues)
+    return list(dict.fromkeys(names))
+
+
+@app.command(cls=Command)
 def preview(
     stacks: Annotated[
-        list[str] | None, typer.Argument(help="Stack names (stacks/Pulumi.<stack>.yaml).")
+        list[str] | None,
+        typer.Argument(help="Stack names or stack files (dev, stacks/Pulumi.dev.yaml)."),
     ] = None,
-    out: Annotated[Path, typer.Option(help="Plans go to OUT/<stack>/.")] = Path("build"),
-    project_dir: Annotated[Path, typer.Option(help="Folder with Pulumi.yaml.")] = Path("."),
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Plans go to OUT/<stack>/ (default: build/ in the project folder)."),
+    ] = None,
+    project_dir: Annotated[Path, typer.Option(help=PROJECT_DIR_HELP)] = Path("."),
     changed_since: Annotated[
         str | None, typer.Option(help="Only stacks the changes since this git ref touch.")
     ] = None,
 ) -> None:
-    """Offline, credential-free plan of STACKS: the real program under Pulumi's mock engine."""
+    """Offline, credential-free plan of STACKS: the real program under Pulumi's mock engine.
+    Every name is checked before any stack is previewed."""
     if changed_since is None and not stacks:
         raise typer.BadParameter("name STACKS or pass --changed-since REF", param_hint="STACKS")
     try:
+        project = Project.find(project_dir.resolve())
+        names = stack_names(project, stacks or [])
         if changed_since is not None:
-            stacks = _select_changed(project_dir, changed_since, stacks)
-        previewer = Previewer(Project.find(project_dir.resolve()))
+            names = _select_changed(project_dir, changed_since, names)
+        previewer = Previewer(project)
+        folder = project.root / "build" if out is None else out
         violating = []
-        for stack in stacks or []:
+        for stack in names:
             started = time.perf_counter()
             plan = previewer.preview(stack)
-            write_plan(plan, out / stack)
-            print_summary(plan, out / stack, time.perf_counter() - started)
+            write_plan(plan, folder / stack)
+            print_summary(plan, folder / stack, time.perf_counter() - started)
             print_policy_report(plan)
             if plan.mandatory_violations:
                 violating.append(stack)
@@ -129,91 +304,123 @@ def _validate_one(path: Path, previewer: Previewer | None, stack: str | None) ->
     return f"{'team' if isinstance(config, TeamStackConfig) else 'platform'} stack"
 
 
-@app.command()
+def expand_files(paths: list[Path]) -> list[Path]:
+    """Files as given; a folder stands for its *.yaml files (sorted). ConfigError for a folder
+    with none."""
+    files: list[Path] = []
+    for path in paths:
+        if not path.is_dir():
+            files.append(path)
+            continue
+        found = sorted(path.glob("*.yaml"))
+        if not found:
+            raise ConfigError(
+                str(path), [ConfigIssue("folder", "holds no *.yaml file; name the files")]
+            )
+        files += found
+    return list(dict.fromkeys(files))
+
+
+@app.command(cls=Command)
 def validate(
-    files: Annotated[list[Path], typer.Argument(help="Stack files and job specs to check.")],
+    files: Annotated[
+        list[Path],
+        typer.Argument(help="Stack files and job specs to check; a folder means its *.yaml."),
+    ],
     stack: Annotated[
         str | None,
         typer.Option(
             help="Also check job specs against this team stack's platform and its policies."
         ),
     ] = None,
-    project_dir: Annotated[Path, typer.Option(help="Folder with Pulumi.yaml.")] = Path("."),
+    project_dir: Annotated[Path, typer.Option(help=PROJECT_DIR_HELP)] = Path("."),
 ) -> None:
-    """Check stack files and job specs against their schemas and rules; report every error."""
+    """Check stack files and job specs against their schemas and rules; report every error,
+    each once."""
     failed = False
     previewer = None
     try:
+        paths = expand_files(files)
         if stack is not None:
             previewer = Previewer(Project.find(project_dir.resolve()))
+            stack = stack_names(previewer.project, [stack])[0]
     except ConfigError as err:
         raise _fail(str(err)) from None
-    for path in files:
+    reported: set[str] = set()
+    for path in paths:
         try:
             what = _validate_one(path, previewer, stack)
         except (ConfigError, pulumi.RunError) as err:
-            errors.print(str(err), soft_wrap=True)
             failed = True
+            # A problem outside the file (the --stack, its platform) once, not once per file.
+            if str(err) not in reported:
+                reported.add(str(err))
+                errors.print(str(err), soft_wrap=True)
             continue
         console.print(f"{path}: ok ({what})", soft_wrap=True)
     if failed:
         raise typer.Exit(EXIT_USER_ERROR)
 
 
-@app.command("render-job")
+@app.command("render-job", cls=Command)
 def render_job(
     spec: Annotated[Path, typer.Argument(help="A job spec (job_specs/<team>/<job>.yaml).")],
-    stack: Annotated[str, typer.Option(help="The team stack the job belongs to.")],
-    project_dir: Annotated[Path, typer.Option(help="Folder with Pulumi.yaml.")] = Path("."),
+    stack: Annotated[
+        str, typer.Option(help="The team stack the job belongs to (a name or its stack file).")
+    ],
+    project_dir: Annotated[Path, typer.Option(help=PROJECT_DIR_HELP)] = Path("."),
 ) -> None:
     """Print the exact Volcano Job the team stack would create, for use with kubectl."""
     try:
-        manifest = Previewer(Project.find(project_dir.resolve())).render_job(stack, spec)
+        previewer = Previewer(Project.find(project_dir.resolve()))
+        name = stack_names(previewer.project, [stack])[0]
+        manifest = previewer.render_job(name, spec)
     except (ConfigError, pulumi.RunError) as err:
         raise _fail(str(err)) from None
     typer.echo(yaml.safe_dump(normalise(manifest), sort_keys=False), nl=False)
 
 
-@app.command("policy-config")
+@app.command("policy-config", cls=Command)
 def policy_config(
     stacks: Annotated[
-        list[str] | None, typer.Argument(help="Stack names (default: every stack file).")
+        list[str] | None,
+        typer.Argument(help="Stack names or stack files (default: every stack file)."),
     ] = None,
     check: Annotated[
         bool, typer.Option("--check", help="Write nothing; exit 1 if a file is missing or stale.")
     ] = False,
-    project_dir: Annotated[Path, typer.Option(help="Folder with Pulumi.yaml.")] = Path("."),
+    project_dir: Annotated[Path, typer.Option(help=PROJECT_DIR_HELP)] = Path("."),
 ) -> None:
     """Write policies/config/STACK.json, the CrossGuard pack's --policy-pack-config, from the
     stack files (a team stack's from its platform stack)."""
     try:
         previewer = Previewer(Project.find(project_dir.resolve()))
-        names = stacks or previewer.project.stacks()
+        names = stack_names(previewer.project, stacks) if stacks else previewer.project.stacks()
         if check:
             stale = config_files.stale(previewer, names)
             orphans = [] if stacks else config_files.orphans(previewer)
-            root = previewer.project.root
             for stack in stale:
-                path = config_files.config_path(previewer, stack).relative_to(root)
-                errors.print(f"{path}: missing or stale", soft_wrap=True)
+                path = config_files.config_path(previewer, stack)
+                errors.print(f"{shown(path)}: missing or stale", soft_wrap=True)
             for path in orphans:
-                errors.print(
-                    f"{path.relative_to(root)}: no stack file {path.stem!r}", soft_wrap=True
-                )
+                errors.print(f"{shown(path)}: no stack file {path.stem!r}", soft_wrap=True)
             if stale or orphans:
                 raise _fail("policy pack config out of date; run `make policy-config`")
             console.print(f"policy pack config up to date ({len(names)} stacks)")
             return
         for path in config_files.write(previewer, names):
-            console.print(f"wrote {path.relative_to(previewer.project.root)}")
+            console.print(f"wrote {shown(path)}", soft_wrap=True)
         for path in [] if stacks else config_files.orphans(previewer):
             path.unlink()
-            console.print(f"removed {path.relative_to(previewer.project.root)} (no stack file)")
+            console.print(f"removed {shown(path)} (no stack file)", soft_wrap=True)
     except (ConfigError, pulumi.RunError) as err:
         raise _fail(str(err)) from None
 
 
 _register_diff(app)  # `trainstack diff`, `trainstack changed-stacks` (trainstack/diff/)
+for _info in app.registered_commands:  # their help as the other commands'
+    if _info.cls in (None, TyperCommand):
+        _info.cls = Command
 
 
 def main() -> None:

@@ -48,8 +48,7 @@ class StrictLoader(_Base):  # type: ignore[valid-type,misc]
                 raise RefusedYaml(
                     None,
                     None,
-                    f"key {key_node.value!r} reads as {_KINDS.get(type(key), 'a value')}, not "
-                    "text; quote it if it is meant as a name",
+                    f"key {_shown_key(key_node, key)}, not text; quote it if it is meant as a name",
                     key_node.start_mark,
                 )
             first = seen.get(key)
@@ -64,6 +63,13 @@ class StrictLoader(_Base):  # type: ignore[valid-type,misc]
             seen[key] = key_node.start_mark
         mapping: dict[Hashable, Any] = super().construct_mapping(node, deep=deep)
         return mapping
+
+
+def _shown_key(node: Node, key: Any) -> str:
+    """What a key that is not text is: as written, and what YAML reads it as."""
+    if isinstance(node, SequenceNode | MappingNode):
+        return f"is a {'list' if isinstance(node, SequenceNode) else 'map'}"
+    return f"{node.value!r} reads as {_KINDS.get(type(key), 'a value')}"
 
 
 # No stack file or job spec comes near this many values; aliases of aliases can make a few
@@ -127,6 +133,9 @@ def load(text: str, source: str = "<string>") -> Any:
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         what = err.problem or err.context or "not valid YAML"
+        if err.problem and err.context:  # what the parser was in, and where that began
+            where = f", line {err.context_mark.line + 1}" if err.context_mark else ""
+            what = f"{err.problem.removeprefix('but ')} ({err.context}{where})"
         if not isinstance(err, RefusedYaml):
             what = f"not valid YAML: {what}"
         line, column = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)

@@ -110,7 +110,7 @@ def test_changed_since_unknown_ref_is_a_clean_error(tmp_path: Path) -> None:
     )
     assert result.exit_code == 1
     assert "'no-such-ref' is not a commit" in result.output
-    assert "git fetch origin no-such-ref" in result.output
+    assert "no remote to fetch it from" in result.output
     assert "Traceback" not in result.output
 
 

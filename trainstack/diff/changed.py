@@ -9,6 +9,7 @@ from typing import Any
 
 from trainstack import yamlio
 from trainstack.config import ConfigError, ConfigIssue
+from trainstack.config.errors import did_you_mean
 from trainstack.preview.engine import Project
 
 # Paths that never change what a preview produces.
@@ -47,6 +48,39 @@ def _git(project: Project, *args: str) -> list[str]:
     return [line for line in done.stdout.splitlines() if line]
 
 
+def _git_lines(project: Project, *args: str) -> list[str]:
+    done = subprocess.run(
+        ["git", *args], cwd=project.root, capture_output=True, text=True, check=False
+    )
+    return done.stdout.split() if done.returncode == 0 else []
+
+
+def ref_problem(project: Project, ref: str) -> str:
+    """Why `ref` is no commit, with a ref that exists when one is close, and the git command
+    that makes `ref` exist: `origin/main` is branch `main` of remote `origin`, so
+    `git fetch origin main` (not `git fetch origin origin/main`, which git refuses)."""
+    refs = _git_lines(
+        project,
+        "for-each-ref",
+        "--format=%(refname:short)",
+        "refs/heads",
+        "refs/remotes",
+        "refs/tags",
+    )
+    remotes = _git_lines(project, "remote")
+    close = did_you_mean(ref, [r for r in refs if r not in remotes and r != ref])
+    remote, _, branch = ref.partition("/")
+    if "~" in ref or "^" in ref:
+        action = "if this clone is shallow, fetch the older commits: git fetch --unshallow"
+    elif not remotes:
+        action = "this repository has no remote to fetch it from; pass a branch, tag or commit SHA"
+    elif remote in remotes and branch:
+        action = f"to fetch it: git fetch {remote} {branch}"
+    else:
+        action = f"to fetch it: git fetch {remotes[0]} {ref}"
+    return f"{ref!r} is not a commit in this repository{close}; {action}"
+
+
 def changed_files(project: Project, ref: str) -> list[str]:
     """Files that differ from REF (committed or not, untracked included), project-relative."""
     verify = subprocess.run(
@@ -58,13 +92,7 @@ def changed_files(project: Project, ref: str) -> list[str]:
     if verify.returncode != 0:
         raise ConfigError(
             "--changed-since",
-            [
-                ConfigIssue(
-                    "ref",
-                    f"{ref!r} is not a commit in this repository; fetch it first "
-                    f"(git fetch origin {ref}) or pass a commit SHA or branch",
-                )
-            ],
+            [ConfigIssue("ref", ref_problem(project, ref))],
         )
     files = _git(project, "diff", "--name-only", "--relative", ref, "--")
     for entry in _git(project, "ls-files", "--others", "--exclude-standard", "--directory"):

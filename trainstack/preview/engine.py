@@ -88,9 +88,16 @@ class Previewer:
     def _load(self, stack: str) -> tuple[StackConfig, dict[str, Any]]:
         path = self.project.stack_file(stack)
         if not path.is_file():
-            known = ", ".join(self.project.stacks()) or "none"
+            known = self.project.stacks()
             raise ConfigError(
-                str(path), [ConfigIssue("stack", f"no stack file for {stack!r} (stacks: {known})")]
+                str(path),
+                [
+                    ConfigIssue(
+                        "stack",
+                        f"no stack file for {stack!r}{did_you_mean(stack, known)}; "
+                        f"stacks: {', '.join(known) or 'none'}",
+                    )
+                ],
             )
         values = read_stack_file(path)
         return parse_stack_config(values, stack=stack, source=str(path)), values
