@@ -4,9 +4,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STACK  ?= dev
 STAMP  := $(VENV)/.installed-stamp
+PREVIEW_STAMP := $(VENV)/.preview-stamp
+# torch for the runtime's tests: the CPU build of the version pyproject.toml's `torch` extra pins,
+# from PyTorch's own index (PyPI's Linux wheel of that version is the CUDA build, several GB).
+# Where that index is unreachable pip warns and takes PyPI's; TORCH_INDEX_URL= skips it.
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: setup preview test lint typecheck unit faults goldens bench-runtime bench-preview clean \
-	e2e-tools e2e bench-scheduling fuzz policy-config help
+	e2e-tools e2e bench-scheduling fuzz policy-config help setup-preview packaging
 
 # `make` alone lists the targets: each described by the `## ` line right above its rule.
 .DEFAULT_GOAL := help
@@ -15,20 +20,31 @@ help:
 	@echo 'usage: make TARGET [STACK=dev]'
 	@awk '/^## /{d=substr($$0,4); next} d && /^[a-z][-a-z0-9]*:/{sub(/:.*/,""); printf "  %-17s %s\n",$$0,d} {d=""}' $(firstword $(MAKEFILE_LIST))
 
-# Reinstall only when the dependency declarations change.
-$(STAMP): pyproject.toml images/runtime/pyproject.toml images/prewarm/pyproject.toml \
-		images/deadlines/pyproject.toml
+# The Pulumi project's environment, as `pulumi install` makes it (requirements.txt): the platform
+# alone, no torch, no development tools. Reinstall only when the dependency declarations change.
+$(PREVIEW_STAMP): pyproject.toml requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.txt
+	touch $@
+
+# Development: the project's environment plus the tools, torch and the images' packages.
+$(STAMP): $(PREVIEW_STAMP) images/runtime/pyproject.toml images/prewarm/pyproject.toml \
+		images/deadlines/pyproject.toml
+	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL)) \
+		"$$($(BIN)/python -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["torch"][0])')"
 	$(BIN)/python -m pip install -q -e '.[dev]' -e images/runtime -e images/prewarm \
 		-e images/deadlines
 	touch $@
+
+## create .venv with the platform only: what `make preview` needs
+setup-preview: $(PREVIEW_STAMP)
 
 ## create .venv and install (again when a pyproject changes)
 setup: $(STAMP)
 
 ## offline plan of STACK (default dev) into build/STACK/
-preview: setup
+preview: $(PREVIEW_STAMP)
 	$(BIN)/trainstack preview $(STACK)
 
 ## lint, typecheck and unit: what CI runs
@@ -50,6 +66,12 @@ unit: setup
 ## the training runtime's fault-injection tests only
 faults: setup
 	$(BIN)/pytest -q -m faults
+
+# The wheel and the Pulumi project's environment as users install them (tests/packaging/): a few
+# minutes with a warm pip cache, so not part of `make test`; CI runs it.
+## build the wheel; install it, and `pulumi install`'s steps, in clean virtualenvs
+packaging: setup
+	$(BIN)/pytest -q -m packaging tests/packaging
 
 # Mutation fuzzing of stack files and job specs (tests/fuzz/README.md). `make test` runs a fixed,
 # derandomized budget; this runs ten times more from a random seed (FUZZ_SEED=N repeats a run).

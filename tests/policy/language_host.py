@@ -31,6 +31,9 @@ upstream (not copied), so that a test can do exactly what it would do:
    variables and runs the folder's __main__.py with runpy; constructing pulumi_policy's
    PolicyPack serves the Analyzer service on 127.0.0.1 and writes its port as the first line
    of stdout, which the CLI reads (plugin.go newPlugin).
+
+A project's own environment (`pulumi install`, and the first `pulumi preview` when it is
+missing) is the same host's InstallDependencies, emulated by `install_commands` below.
 """
 
 from __future__ import annotations
@@ -62,19 +65,19 @@ def _searchup(folder: Path, name: str) -> Path | None:
     return None
 
 
-def runtime(pack: Path) -> tuple[str, dict[str, object]]:
-    """PulumiPolicy.yaml's runtime: its name and options (a bare string is a name)."""
-    project = yaml.safe_load((pack / "PulumiPolicy.yaml").read_text())
+def runtime(pack: Path, project_file: str = "PulumiPolicy.yaml") -> tuple[str, dict[str, object]]:
+    """The project file's runtime: its name and options (a bare string is a name)."""
+    project = yaml.safe_load((pack / project_file).read_text())
     value = project["runtime"]
     if isinstance(value, str):
         return value, {}
     return str(value["name"]), dict(value.get("options") or {})
 
 
-def resolve(pack: Path) -> Toolchain:
-    """parseOptions (isPlugin false: an analyzer) and ResolveToolchain."""
+def resolve(pack: Path, project_file: str = "PulumiPolicy.yaml") -> Toolchain:
+    """parseOptions (isPlugin false: an analyzer, or a project) and ResolveToolchain."""
     pack = pack.resolve()
-    name, options = runtime(pack)
+    name, options = runtime(pack, project_file)
     if name != "python":
         raise HostError(f"runtime {name!r}: not the Python language host")
     virtualenv = options.get("virtualenv", "")
@@ -152,6 +155,38 @@ def command(
         env.append(("PULUMI_CONFIG", json.dumps(given["config"])))
     env += list(environ.items())
     return Command([python, "-u", "-m", "pulumi.policy", *args, str(pack)], pack, dict(env))
+
+
+def install_commands(project: Path, environ: Mapping[str, str]) -> list[Command]:
+    """The processes InstallDependencies starts for a Pulumi project, in order.
+
+    `pulumi install`, and GetRequiredPackages before the first preview or update (through
+    EnsureVenv, when the `virtualenv` folder is missing or empty), call the Python language
+    host's InstallDependencies (sdk/python/cmd/pulumi-language-python/main.go, read at
+    1b5949891b3c) with the project's folder as both root and program directory and IsPlugin
+    false. For `toolchain: pip` it calls sdk/v3@v3.274.0 python/toolchain/pip.go
+    InstallDependencies(cwd = the program directory, venvDir = resolveVirtualEnvironmentPath,
+    the `virtualenv` option joined to the root): `python -m venv <venvDir>` with the python that
+    CommandPath finds (PULUMI_PYTHON_CMD, else python3 on PATH), then, in cwd with an activated
+    environment, `<venvDir>/bin/python -m pip install --upgrade pip setuptools wheel`, and, only
+    if cwd holds a requirements.txt, `... -m pip install -r requirements.txt`. pip reads paths
+    in that file from its working directory, the program directory.
+    """
+    project = project.resolve()
+    toolchain = resolve(project, "Pulumi.yaml")
+    if toolchain.name != "pip":
+        raise HostError(f"toolchain {toolchain.name}: not emulated here (Pulumi.yaml names pip)")
+    if toolchain.virtualenv is None:
+        raise HostError("no `virtualenv` option: pip would install into the ambient python")
+    venv = toolchain.virtualenv
+    python = environ.get("PULUMI_PYTHON_CMD") or "python3"
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install"]
+    activated = dict(_activated(environ, venv))
+    steps = [Command([python, "-m", "venv", str(venv)], project, dict(environ))]
+    steps.append(Command([*pip, "--upgrade", "pip", "setuptools", "wheel"], project, activated))
+    if (project / "requirements.txt").is_file():
+        steps.append(Command([*pip, "-r", "requirements.txt"], project, activated))
+    return steps
 
 
 def start(cmd: Command, timeout: float = 60) -> tuple[subprocess.Popen[str], int]:
