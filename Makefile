@@ -5,10 +5,11 @@ BIN    := $(VENV)/bin
 STACK  ?= dev
 STAMP  := $(VENV)/.installed-stamp
 PREVIEW_STAMP := $(VENV)/.preview-stamp
-# torch for the runtime's tests: the CPU build of the version pyproject.toml's `torch` extra pins,
-# from PyTorch's own index (PyPI's Linux wheel of that version is the CUDA build, several GB).
-# Where that index is unreachable pip warns and takes PyPI's; TORCH_INDEX_URL= skips it.
-TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+# torch for the runtime's tests: the version pyproject.toml's `torch` extra pins, from PyPI by
+# default. Where PyTorch's own index is reachable, TORCH_INDEX_URL=https://download.pytorch.org/
+# whl/cpu takes its CPU build instead of PyPI's larger Linux wheel. Not the default: where that
+# index is unreachable (CI here) pip spends minutes retrying it for every dependency.
+TORCH_INDEX_URL ?=
 
 .PHONY: setup preview test lint typecheck unit faults goldens bench-runtime bench-preview clean \
 	e2e-tools e2e bench-scheduling fuzz policy-config help setup-preview packaging
