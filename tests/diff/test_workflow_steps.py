@@ -6,7 +6,7 @@ runs an explicit `shell: bash` step (`bash --noprofile --norc -eo pipefail {0}`,
 `GITHUB_STEP_SUMMARY` files, in a git repository holding a base commit and a head commit. The
 `uses:` steps are stood in for by what they do here: the head checkout is the repository, the
 base checkout a `git worktree` at the base commit (`path: .base`), the artifact upload nothing;
-`make setup` is the test's own virtualenv. Conditions are evaluated for the forms the workflow
+`make setup-preview` is the test's own virtualenv. Conditions are evaluated for the forms the workflow
 uses and no other (an unknown one fails the test), with GitHub's default `success()` for a step
 without `if:`.
 
@@ -74,7 +74,7 @@ def _repository(tmp_path: Path) -> tuple[Path, str]:
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "base")
-    # `make setup` stands here: the virtualenv the tests run in. A link is not a folder, which
+    # `make setup-preview` stands here: the virtualenv the tests run in. A link is not a folder, which
     # is all `.venv/` in .gitignore matches, so the repository ignores it by name.
     (repo / ".venv").symlink_to(ROOT / ".venv")
     with (repo / ".git" / "info" / "exclude").open("a") as exclude:
@@ -134,7 +134,7 @@ def run_offline_job(repo: Path, base_sha: str, tmp_path: Path) -> Run:
             _uses(step, run, base_sha)
             run.outcomes[name] = "success"
             continue
-        if step["run"].strip() == "make setup":
+        if step["run"].split("#")[0].strip() == "make setup-preview":
             run.outcomes[name] = "success"  # the symlinked virtualenv
             continue
         outputs = tmp_path / f"output-{index}"
