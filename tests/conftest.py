@@ -21,6 +21,22 @@ EXAMPLE_STACKS = sorted(
 )
 
 
+# Goldens `make goldens` rewrote (tests/test_goldens.py), named at the end of the run.
+REWRITTEN_GOLDENS = pytest.StashKey[list[Path]]()
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    if os.environ.get("TRAINSTACK_UPDATE_GOLDENS") != "1":
+        return
+    rewritten = config.stash.get(REWRITTEN_GOLDENS, [])
+    for path in rewritten:
+        terminalreporter.write_line(f"rewrote {path}")
+    if not rewritten:
+        terminalreporter.write_line("goldens: every one already matches; nothing rewritten")
+
+
 def reference_dir() -> Path:
     """Upstream schemas and facts; never copied into the repo (TRAINSTACK_REFERENCE)."""
     return Path(os.environ.get("TRAINSTACK_REFERENCE", ROOT.parent / "shared" / "reference"))

@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import ROOT
 from trainstack.bench import preview as bench
 from trainstack.bench.org import OrgSize, generate
+from trainstack.bench.targets import report
 from trainstack.outputs import team_slices
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan
@@ -59,9 +60,36 @@ def test_replay_registers_the_same_resources(example_plans: dict[str, Plan]) -> 
 
 def test_bench_prints_one_json_line_last(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench.main(["--teams", "2", "--jobs", "4", "--factor", "2"]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
+    printed = capsys.readouterr()
+    *lines, last = printed.out.strip().splitlines()
     summary = json.loads(last)
+    assert "targets: preview_overhead_ratio <= 1.25, scaling_ratio_2x <= 2.2" in printed.err
+    assert lines[-1].startswith(("result: pass (all 2 targets met)", "result: FAIL (")), lines
+    assert f"preview_overhead_ratio <= 1.25 (measured {summary['preview_overhead_ratio']})" in (
+        "\n".join(lines)
+    )
     for key in ("resources", "preview_overhead_ratio", "scaling_ratio_2x", "preview_s"):
         assert key in summary
     assert summary["teams"] == 2
     assert summary["resources_2x"] > summary["resources"]
+
+
+@pytest.mark.parametrize(
+    ("generated", "result"),
+    [
+        ({"drained": True, "jobs_finished": 250, "gpu_allocation": 0.45, "partial_gangs": 0},
+         "result: pass (all 4 targets met)"),
+        ({"drained": True, "jobs_finished": 250, "gpu_allocation": 0.45, "partial_gangs": 7},
+         "result: FAIL (1 of 4 missed: generated: partial_gangs == 0)"),
+    ],
+)  # fmt: skip
+def test_scheduling_bench_prints_its_targets_and_a_verdict(
+    generated: dict[str, object], result: str
+) -> None:
+    from tests.e2e.bench_scheduling import targets  # noqa: PLC0415 (the e2e package's imports)
+
+    default = {"drained": False, "jobs_finished": 142, "gpu_allocation": 0.031, "partial_gangs": 0}
+    lines = report(targets({"generated": generated, "default": default}, 250))
+    assert lines[0] == "targets:"
+    assert "  ok     generated: gpu_allocation >= default's (measured 0.45 vs 0.031)" in lines
+    assert lines[-1] == result

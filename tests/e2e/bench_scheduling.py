@@ -21,6 +21,10 @@ configuration, as the last line (one JSON object):
   "drained": false);
 - fragmentation: mean fraction of free GPUs that sat on partially used nodes, under saturation.
 
+Before the JSON line, the targets (the generated configuration drains the burst, finishes every
+job, keeps GPUs at least as busy as the default and never leaves a gang partly bound) with the
+measured values, and a `result: pass` or `result: FAIL` line (the exit status stays 0).
+
 Numbers from one run on a shared 2-core machine; docs/testing.md has the figures.
 """
 
@@ -43,6 +47,7 @@ from tests.e2e import deploy, toolchain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.kube import Kube
 from trainstack.bench.org import OrgSize, job_spec, platform_config
+from trainstack.bench.targets import Target, report
 from trainstack.builders.fabric import GPU_RESOURCE
 from trainstack.builders.scheduling import scheduler_config
 from trainstack.config.model import PlatformConfig
@@ -213,6 +218,25 @@ def run_once(
     }
 
 
+def targets(results: dict[str, dict[str, Any]], jobs: int) -> list[Target]:
+    """What the generated configuration promises over Volcano's default, for one run."""
+    gen, default = results["generated"], results["default"]
+    return [
+        Target("generated: drained within the time limit", gen["drained"], bool(gen["drained"])),
+        Target(
+            f"generated: jobs_finished == {jobs}",
+            gen["jobs_finished"],
+            gen["jobs_finished"] == jobs,
+        ),
+        Target(
+            "generated: gpu_allocation >= default's",
+            f"{gen['gpu_allocation']} vs {default['gpu_allocation']}",
+            gen["gpu_allocation"] >= default["gpu_allocation"],
+        ),
+        Target("generated: partial_gangs == 0", gen["partial_gangs"], gen["partial_gangs"] == 0),
+    ]
+
+
 def main() -> int:
     try:
         tools = toolchain.locate()
@@ -241,6 +265,9 @@ def main() -> int:
             f"{len(jobs)} jobs ({pods} pods)",
             flush=True,
         )
+        blank = {"drained": False, "jobs_finished": 0, "gpu_allocation": 0.0, "partial_gangs": 0}
+        promised = targets({"generated": blank, "default": blank}, len(jobs))  # their names
+        print(f"targets: {'; '.join(t.what for t in promised)}", flush=True)
         results = {}
         for label, conf in (("generated", scheduler_config(cfg)), ("default", default_conf)):
             print(f"running with the {label} configuration ...", flush=True)
@@ -248,7 +275,9 @@ def main() -> int:
             print(f"  {label}: {json.dumps(results[label])}", flush=True)
     finally:
         plane.stop()
-    print(json.dumps(results), flush=True)
+    for line in report(targets(results, len(jobs))):
+        print(line, flush=True)
+    print(json.dumps(results), flush=True)  # last: what scripts parse
     return 0
 
 

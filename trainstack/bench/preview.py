@@ -9,9 +9,11 @@
 
 The last line printed is one JSON object: resources, preview and replay seconds,
 `preview_overhead_ratio` (preview / replay, target <= 1.25) and `scaling_ratio_10x`
-(preview time at 10x / at 1x, target <= 11). Timings are of one run on this machine. A
-process's one-time start-up (imports, schema compilation) is measured first, on a one-team
-organisation, and reported apart (`startup_s`, `preview_overhead_ratio_with_startup`).
+(preview time at 10x / at 1x, target <= 11); before it, each target with its measured value
+and a `result: pass` or `result: FAIL` line (the exit status stays 0). Timings are of one run
+on this machine. A process's one-time start-up (imports, schema compilation) is measured
+first, on a one-team organisation, and reported apart (`startup_s`,
+`preview_overhead_ratio_with_startup`).
 """
 
 from __future__ import annotations
@@ -29,11 +31,27 @@ from typing import Any
 import pulumi
 
 from trainstack.bench.org import OrgSize, generate
+from trainstack.bench.targets import Target, report
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan, Resource
 from trainstack.preview.synth import run_mocked
 
 STACK_REFERENCE = "pulumi:pulumi:StackReference"
+OVERHEAD_TARGET = 1.25  # preview / replay of the same resources
+SCALING_SLACK = 1.1  # preview time at FACTOR x the organisation <= FACTOR x this
+
+
+def targets(summary: dict[str, object], factor: int) -> list[Target]:
+    """The benchmark's promises, checked against one run's summary."""
+    ratio = float(str(summary["preview_overhead_ratio"]))
+    found = [
+        Target(f"preview_overhead_ratio <= {OVERHEAD_TARGET}", ratio, ratio <= OVERHEAD_TARGET)
+    ]
+    if factor > 1:
+        bound = round(factor * SCALING_SLACK, 2)
+        scaling = float(str(summary[f"scaling_ratio_{factor}x"]))
+        found.append(Target(f"scaling_ratio_{factor}x <= {bound}", scaling, scaling <= bound))
+    return found
 
 
 def jobs_available(program_dir: Path) -> bool:
@@ -170,6 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     program_dir = args.program_dir.resolve()
+    print(
+        f"targets: preview_overhead_ratio <= {OVERHEAD_TARGET}"
+        + (
+            f", scaling_ratio_{args.factor}x <= {round(args.factor * SCALING_SLACK, 2)}"
+            if args.factor > 1
+            else ""
+        ),
+        file=sys.stderr,
+    )
     with_jobs = jobs_available(program_dir)
     base = OrgSize(teams=args.teams, jobs=args.jobs)
     results: dict[str, Measured] = {}
@@ -217,7 +244,9 @@ def main(argv: list[str] | None = None) -> int:
             f"scaling_ratio_{args.factor}x": round(big.preview_s / one.preview_s, 3),
             f"extrapolated_{args.factor}x": big.extrapolated,
         }
-    print(json.dumps(summary, sort_keys=True))
+    for line in report(targets(summary, args.factor)):
+        print(line)
+    print(json.dumps(summary, sort_keys=True))  # last: what scripts parse
     return 0
 
 
