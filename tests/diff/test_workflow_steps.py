@@ -4,11 +4,11 @@ The shell steps are taken from .github/workflows/plan-diff.yml as written and ru
 runs an explicit `shell: bash` step (`bash --noprofile --norc -eo pipefail {0}`, GitHub's
 "Workflow syntax" docs, `jobs.<job_id>.steps[*].shell`), with `GITHUB_OUTPUT` and
 `GITHUB_STEP_SUMMARY` files, in a git repository holding a base commit and a head commit. The
-`uses:` steps are stood in for by what they do here: the head checkout is the repository, the
-base checkout a `git worktree` at the base commit (`path: .base`), the artifact upload nothing;
-`make setup-preview` is the test's own virtualenv. Conditions are evaluated for the forms the workflow
-uses and no other (an unknown one fails the test), with GitHub's default `success()` for a step
-without `if:`.
+`uses:` steps are stood in for by what they do here: the head checkout is the repository,
+the base checkout a `git worktree` at the base commit (`path: .base`), the artifact upload
+nothing; `make setup-preview` is the test's own virtualenv. Conditions are evaluated for the
+forms the workflow uses and no other (an unknown one fails the test), with GitHub's default
+`success()` for a step without `if:`.
 
 Issue 23 #1 (a head with violations still gets its base previewed, and the job still fails)
 and #2 (a docs-only change gets a report, and pipes do not hide failures).
@@ -74,8 +74,8 @@ def _repository(tmp_path: Path) -> tuple[Path, str]:
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "base")
-    # `make setup-preview` stands here: the virtualenv the tests run in. A link is not a folder, which
-    # is all `.venv/` in .gitignore matches, so the repository ignores it by name.
+    # `make setup-preview` stands here: the virtualenv the tests run in. A link is not a
+    # folder, which is all `.venv/` in .gitignore matches, so the repository ignores it by name.
     (repo / ".venv").symlink_to(ROOT / ".venv")
     with (repo / ".git" / "info" / "exclude").open("a") as exclude:
         exclude.write(".venv\n")
