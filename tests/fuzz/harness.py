@@ -30,7 +30,7 @@ from trainstack.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 # What `trainstack preview` needs of a project (tests/conftest.py's ROOT is this repository).
-PROJECT_PARTS = ("Pulumi.yaml", "__main__.py", "stacks", "job_specs", "components", "policies")
+PROJECT_PARTS = ("Pulumi.yaml", "__main__.py", "stacks", "job_specs", "policies")
 # Wide enough that rich never wraps a line of ours (an `ok` line with a long temp path).
 CLI_ENV = {"COLUMNS": "1000", "NO_COLOR": "1"}
 MEMORY_HEADROOM = 4 << 30  # bytes of address space a command may add before MemoryError
