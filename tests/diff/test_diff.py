@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 from tests.diff.conftest import Preview, as_doc
 from tests.test_preview import make_project
 from trainstack.cli import app
-from trainstack.diff.plans import VOLCANO_JOB, PlanError, load_plan
+from trainstack.diff.plans import ABSENT, VOLCANO_JOB, PlanError, changed_paths, load_plan
 from trainstack.diff.render import MARKER, to_json, to_markdown
 from trainstack.diff.report import DiffReport, StackDiff, diff_plans
 from trainstack.outputs import team_slices
@@ -290,11 +290,11 @@ def test_jobs_added_removed_and_changed(example_plans: dict[str, Plan]) -> None:
     assert resnet.summary == {"GPUs": "16 → 32"}
     assert {(c.field, c.before, c.after) for c in resnet.changes} == {
         ("spec.minAvailable", 2, 4),
-        ("spec.tasks[0].replicas", 2, 4),
+        ("spec.tasks[name=worker].replicas", 2, 4),  # by name, not position (issue 23 #6)
     }
     assert "| vision/llama | added |  |  | queue: vision, GPUs: 128, tasks: 1" in markdown
     assert "| vision/vit | removed |  | queue: vision, GPUs: 16" in markdown
-    assert "| vision/resnet | changed | spec.tasks[0].replicas | 2 | 4 |" in markdown
+    assert "| vision/resnet | changed | spec.tasks[name=worker].replicas | 2 | 4 |" in markdown
     assert "| vision/resnet | changed | GPUs |  | 16 → 32 |" in markdown
     assert diff.counts["create"] == 1
     assert diff.counts["delete"] == 1
@@ -494,3 +494,40 @@ def test_job_replacement_follows_what_volcano_refuses(
         assert change is None, change
         assert diff.counts["replace"] == 0
         assert diff.counts["update"] >= 1
+
+
+ENV = [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "lines"),
+    [
+        # Issue 23 #6: an env var added showed the whole list twice, as truncated cells.
+        (
+            ENV,
+            [*ENV, {"name": "C", "value": "3"}],
+            [("env[name=C]", ABSENT, {"name": "C", "value": "3"})],
+        ),
+        (
+            [{"name": "C", "value": "3"}, *ENV],
+            ENV,
+            [("env[name=C]", {"name": "C", "value": "3"}, ABSENT)],
+        ),
+        (ENV, [ENV[0], {"name": "B", "value": "9"}], [("env[name=B].value", "2", "9")]),
+        (ENV, ENV[::-1], [("env (order)", ["A", "B"], ["B", "A"])]),
+        # Lists of anything else: element-wise when equal in length, whole otherwise.
+        (["a", "b"], ["a", "c"], [("env[1]", "b", "c")]),
+        (["a"], ["a", "b"], [("env", ["a"], ["a", "b"])]),
+        ([{"x": 1}], [{"x": 2}], [("env[0].x", 1, 2)]),
+    ],
+)
+def test_list_items_are_named_by_their_name(before: Any, after: Any, lines: list[Any]) -> None:
+    assert changed_paths({"env": before}, {"env": after}) == lines
+
+
+def test_a_named_item_still_triggers_its_replacement_rule() -> None:
+    """replace.py strips `[name=…]` like `[0]` before matching a rule's path."""
+    from trainstack.diff.replace import _covers  # noqa: PLC0415
+
+    assert _covers("spec.template", "spec.template.spec.containers[name=trainer].image")
+    assert _covers("spec.template", "spec.template.spec.containers[0].image")

@@ -42,10 +42,27 @@ def empty_plan(stack: str, kind: str) -> dict[str, Any]:
     return {"version": PLAN_VERSION, "stack": stack, "kind": kind, "resources": [], "outputs": {}}
 
 
+def _by_name(items: list[Any]) -> dict[str, Any] | None:
+    """A list of objects with distinct `name`s (containers, env, volumes, tasks, ports) by
+    name, or None for any other list."""
+    named = {i["name"]: i for i in items if isinstance(i, dict) and isinstance(i.get("name"), str)}
+    return named if items and len(named) == len(items) else None
+
+
 def changed_paths(before: Any, after: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """Leaf-level differences as (path, before, after); lists of equal length element-wise."""
+    """Leaf-level differences as (path, before, after).
+
+    Lists of named objects pair their items by name (`env[name=FOO].value`, an added item as
+    absent before): by position, one added env var shifted every later item, and a reviewer
+    read `env[2]` (issue 23 #6). A pure reorder is one change of the name order. Other lists
+    of equal length compare element-wise.
+    """
     if before == after:
         return []
+    if isinstance(before, list) and isinstance(after, list):
+        old_named, new_named = _by_name(before), _by_name(after)
+        if old_named is not None and new_named is not None:
+            return _named_changes(old_named, new_named, prefix)
     if isinstance(before, dict) and isinstance(after, dict):
         found: list[tuple[str, Any, Any]] = []
         for key in sorted(set(before) | set(after)):
@@ -63,6 +80,23 @@ def changed_paths(before: Any, after: Any, prefix: str = "") -> list[tuple[str, 
             found.extend(changed_paths(old, new, f"{prefix}[{index}]"))
         return found
     return [(prefix or "(value)", before, after)]
+
+
+def _named_changes(
+    before: dict[str, Any], after: dict[str, Any], prefix: str
+) -> list[tuple[str, Any, Any]]:
+    found: list[tuple[str, Any, Any]] = []
+    for name in [*before, *(n for n in after if n not in before)]:
+        path = f"{prefix}[name={name}]"
+        if name not in after:
+            found.append((path, before[name], ABSENT))
+        elif name not in before:
+            found.append((path, ABSENT, after[name]))
+        else:
+            found.extend(changed_paths(before[name], after[name], path))
+    if not found and list(before) != list(after):
+        found.append((f"{prefix} (order)", list(before), list(after)))
+    return found
 
 
 def get(doc: Any, *path: str | int, default: Any = None) -> Any:

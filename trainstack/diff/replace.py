@@ -200,7 +200,7 @@ def rules_for(resource_type: str) -> tuple[Rule, ...]:
     return AWS_REPLACE_ON_CHANGE.get(resource_type, ())
 
 
-_INDEX = re.compile(r"\[\d+\]")
+_INDEX = re.compile(r"\[(\d+|name=[^\]]*)\]")  # a position, or a named item (plans.py)
 
 
 def _covers(rule: str, changed: str) -> bool:
