@@ -23,7 +23,7 @@ from trainstack.config.monitoring import build_monitoring, monitoring_checks
 from trainstack.config.pools import build_pools, network_zones, pool_checks
 from trainstack.config.schema import apply_defaults, load_schema, schema_issues
 from trainstack.config.storage import build_storage, storage_checks
-from trainstack.policy.rules import is_pinned
+from trainstack.policy.rules import is_pinned, pin_required
 
 PLATFORM_KEY = "trainstack:platform"
 TEAM_KEY = "trainstack:team"
@@ -198,7 +198,7 @@ def _platform_image_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssu
         return [ConfigIssue(path, f"not set; production pins its images by digest: {fix}")]
     if not isinstance(image, str) or is_pinned(image, production=production):
         return []
-    pin = "a digest (production)" if production else "a build tag or a digest"
+    pin = pin_required(production)
     return [ConfigIssue(path, f"{image!r} is not pinned by {pin}: {fix}")]
 
 

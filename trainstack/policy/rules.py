@@ -45,6 +45,11 @@ MOVING_TAGS = ("latest", "main", "master", "head", "trunk", "dev", "develop", "n
 MOVING_TAG = re.compile(r"^[^@]*:(" + "|".join(MOVING_TAGS) + r")$")
 
 
+def pin_required(production: bool) -> str:
+    """What `is_pinned` asks of an image, in words, for messages."""
+    return "a digest (production)" if production else "a build tag or a digest"
+
+
 def is_pinned(image: str, *, production: bool = False) -> bool:
     """Pinned: by a digest; outside production also by a tag that names a build (not one of
     MOVING_TAGS). One definition for the job spec, the rule and its CEL twin."""
@@ -159,7 +164,7 @@ def pinned_images(job: Mapping[str, Any], cfg: Config) -> list[str]:
         for c in containers(pod):
             image = str(c.get("image", ""))
             if not is_pinned(image, production=cfg.production):
-                pin = "a digest (production)" if cfg.production else "a build tag or a digest"
+                pin = pin_required(cfg.production)
                 found.append(f"task {task}: image {image!r} is not pinned by {pin}")
             elif cfg.allowed_registries and not any(
                 image.startswith(r) for r in cfg.allowed_registries
