@@ -11,7 +11,7 @@ import pulumi_aws as aws
 
 from trainstack.builders import autoscaler as b
 from trainstack.builders.eks import pod_identity_assume_role_policy
-from trainstack.components.kube import helm_release
+from trainstack.components.kube import addon_release
 from trainstack.config.model import PlatformConfig
 
 
@@ -52,11 +52,10 @@ class ClusterAutoscaler(pulumi.ComponentResource):
             role_arn=role.arn,
             opts=on_aws,
         )
-        helm_release(
+        addon_release(
             f"{name}-release",
             b.RELEASE,
-            b.CHART,
-            namespace=b.NAMESPACE,
+            cfg,
             values=b.values(cfg, args.region),
             opts=pulumi.ResourceOptions(
                 parent=self, provider=args.k8s_provider, depends_on=[policy, association]

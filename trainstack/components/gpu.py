@@ -7,13 +7,12 @@ from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
-import pulumi_kubernetes as k8s
 
 from trainstack.builders import autoscaler
 from trainstack.builders import nodegroups as ng
 from trainstack.builders import pools as b
 from trainstack.builders.fabric import efa_network_interfaces
-from trainstack.components.kube import apply_manifest, helm_release
+from trainstack.components.kube import addon_release, apply_manifest
 from trainstack.components.nodes import encrypted_root_volume, imdsv2_only, tag_specifications
 from trainstack.config.model import GpuPool, PlatformConfig
 
@@ -193,7 +192,7 @@ class GpuPlugins(pulumi.ComponentResource):
         self, name: str, args: GpuPluginsArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("trainstack:k8s:GpuPlugins", name, None, opts)
-        cfg = args.config
+        cfg = self._config = args.config
         child = pulumi.ResourceOptions(
             parent=self, provider=args.k8s_provider, depends_on=args.depends_on
         )
@@ -216,12 +215,5 @@ class GpuPlugins(pulumi.ComponentResource):
 
     def _release(
         self, name: str, key: str, values: dict[str, object], opts: pulumi.ResourceOptions
-    ) -> k8s.helm.v3.Release:
-        return helm_release(
-            f"{name}-{key}",
-            key,
-            b.CHARTS[key],
-            namespace=b.PLUGIN_NAMESPACE,
-            values=values,
-            opts=opts,
-        )
+    ) -> pulumi.Resource:
+        return addon_release(f"{name}-{key}", key, self._config, values=values, opts=opts)

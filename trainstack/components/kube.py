@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
+
+from trainstack.builders import addons as a
+from trainstack.config.model import PlatformConfig
 
 
 def resource_token(api_version: str, kind: str) -> str:
@@ -30,23 +36,92 @@ def apply_manifest(
     return pulumi.CustomResource(token, resource_name, dict(manifest), opts)
 
 
-def helm_release(
+def addon_release(
     resource_name: str,
-    release: str,
-    chart: Mapping[str, str],
+    key: str,
+    cfg: PlatformConfig,
     *,
-    namespace: str,
     values: Mapping[str, Any],
     opts: pulumi.ResourceOptions,
-) -> k8s.helm.v3.Release:
-    """An upstream chart at its pinned version (`chart`: chart, version, repo)."""
+    namespace: str | None = None,
+) -> pulumi.Resource:
+    """Add-on `key` (builders/addons.py) from where the stack says it comes from.
+
+    A Helm Release of the pinned chart from its public repository, a mirror or a local chart
+    directory; or, for a pre-installed add-on, a PreInstalledAddon that reads and checks what
+    is there. Either way, what depends on the add-on (its CRs) depends on what this returns.
+    """
+    addon = a.ADDONS[key]
+    namespace = namespace or addon.namespace
+    if a.pre_installed(cfg, key):
+        return PreInstalledAddon(
+            resource_name,
+            PreInstalledAddonArgs(cfg, key),
+            # Only where it sits and what it waits for: nothing is installed, so nothing is
+            # retained or protected (reads cannot be).
+            pulumi.ResourceOptions(
+                parent=opts.parent, provider=opts.provider, depends_on=opts.depends_on
+            ),
+        )
+    try:
+        chart = a.release_args(cfg, key, Path.cwd())  # the program's directory
+    except a.AddonSourceError as err:
+        raise pulumi.RunError(f"stack {cfg.stack}: trainstack:platform.{err}") from None
+    repository = chart.pop("repository_opts", None)
     return k8s.helm.v3.Release(
         resource_name,
-        name=release,
-        chart=chart["chart"],
-        version=chart["version"],
-        repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart["repo"]),
+        name=key,
         namespace=namespace,
         values=dict(values),
+        repository_opts=k8s.helm.v3.RepositoryOptsArgs(**repository) if repository else None,
         opts=opts,
+        **chart,
     )
+
+
+@dataclass(frozen=True)
+class PreInstalledAddonArgs:
+    config: PlatformConfig
+    key: str
+
+
+class PreInstalledAddon(pulumi.ComponentResource):
+    """An add-on the cluster's owners installed: its CRDs and version objects, read through
+    the stack's provider (a read of a missing object fails the preview), each checked by its
+    probe; a failed check is an error on this resource that fails preview and up."""
+
+    def __init__(
+        self, name: str, args: PreInstalledAddonArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("trainstack:k8s:PreInstalledAddon", name, None, opts)
+        provider = opts.provider if opts else None
+        self._stack = args.config.stack
+        assert provider is not None, f"{name}: reads of a pre-installed add-on need a provider"
+        for probe in a.probes(args.config, args.key):
+            read = pulumi.CustomResource(
+                resource_token(probe.api_version, probe.kind),
+                f"{name}-{probe.role}",
+                dict.fromkeys(READ_FIELDS),
+                pulumi.ResourceOptions(parent=self, provider=provider, id=probe.id),
+            )
+            fields = [read.__dict__.get(f) for f in READ_FIELDS]  # outputs of the read
+            pulumi.Output.all(*fields).apply(functools.partial(self._check, probe))
+        self.register_outputs({})
+
+    def _check(self, probe: a.Probe, values: list[Any]) -> None:
+        obj = {k: v for k, v in zip(READ_FIELDS, values, strict=True) if v is not None}
+        if not obj:
+            # Nothing was read: the offline preview's mocks (trainstack/preview/mocks.py).
+            # A real read of a missing object fails in the engine before this runs, and one
+            # of an existing object always has its kind and metadata.
+            return
+        problem = probe.problem(obj)
+        if problem is not None:
+            # Raised in an apply, it surfaces when the program ends (the SDK awaits every
+            # output then): a RunError is printed as its message alone and fails the run.
+            raise pulumi.RunError(f"stack {self._stack}: trainstack:platform.{problem}")
+
+
+# The parts of a read object the probes look at (a read returns the object's whole state;
+# these are the outputs the Python SDK exposes for a resource registered with these keys).
+READ_FIELDS = ("kind", "metadata", "spec", "data")

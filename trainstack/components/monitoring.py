@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pulumi
-import pulumi_kubernetes as k8s
 
 from trainstack.builders import dashboards as d
 from trainstack.builders import monitoring as b
-from trainstack.components.kube import apply_manifest, helm_release
+from trainstack.components.kube import addon_release, apply_manifest
 from trainstack.config.model import PlatformConfig
 
 
@@ -28,7 +27,7 @@ class Monitoring(pulumi.ComponentResource):
         self, name: str, args: MonitoringArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("trainstack:k8s:Monitoring", name, None, opts)
-        cfg = args.config
+        cfg = self._config = args.config
         child = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
         ns = apply_manifest(f"{name}-ns", b.monitoring_namespace(cfg), child)
         in_ns = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[ns]))
@@ -58,7 +57,5 @@ class Monitoring(pulumi.ComponentResource):
 
     def _release(
         self, name: str, key: str, values: dict[str, object], opts: pulumi.ResourceOptions
-    ) -> k8s.helm.v3.Release:
-        return helm_release(
-            f"{name}-{key}", key, b.CHARTS[key], namespace=b.NAMESPACE, values=values, opts=opts
-        )
+    ) -> pulumi.Resource:
+        return addon_release(f"{name}-{key}", key, self._config, values=values, opts=opts)

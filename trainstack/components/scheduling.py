@@ -9,8 +9,9 @@ import pulumi
 
 from trainstack.builders import admission, labels
 from trainstack.builders import scheduling as b
+from trainstack.builders.addons import pre_installed
 from trainstack.builders.platform import namespace
-from trainstack.components.kube import apply_manifest, helm_release
+from trainstack.components.kube import addon_release, apply_manifest
 from trainstack.config.model import PlatformConfig
 
 
@@ -29,12 +30,21 @@ class Volcano(pulumi.ComponentResource):
         super().__init__("trainstack:k8s:Volcano", name, None, opts)
         cfg = args.config
         child = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
-        ns = apply_manifest(
-            f"{name}-ns",
-            namespace(
-                b.VOLCANO_NAMESPACE, {**labels.base_labels(cfg.stack), labels.ROLE: "system"}
-            ),
-            child,
+        # A pre-installed Volcano's namespace is its owners' (it exists; creating it would
+        # fail), so the platform creates the namespace only for the release it installs.
+        ns = (
+            []
+            if pre_installed(cfg, "volcano")
+            else [
+                apply_manifest(
+                    f"{name}-ns",
+                    namespace(
+                        b.VOLCANO_NAMESPACE,
+                        {**labels.base_labels(cfg.stack), labels.ROLE: "system"},
+                    ),
+                    child,
+                )
+            ]
         )
         # Volcano's CRDs are templates of this release (chart v1.15.1 has no crds/ folder), so
         # `helm uninstall`, which deleting or replacing the Release runs, deletes them and with
@@ -42,19 +52,19 @@ class Volcano(pulumi.ComponentResource):
         # (retain_on_delete); production refuses to delete or replace it (protect).
         # docs/scheduling.md, "Upgrading and removing Volcano".
         keep = pulumi.ResourceOptions(
-            depends_on=[ns], retain_on_delete=True, protect=cfg.environment == "production"
+            depends_on=ns, retain_on_delete=True, protect=cfg.environment == "production"
         )
-        release = helm_release(
+        release = addon_release(
             f"{name}-chart",
             "volcano",
-            b.VOLCANO_CHART,
-            namespace=b.VOLCANO_NAMESPACE,
+            cfg,
             values=b.volcano_values(cfg),
             opts=pulumi.ResourceOptions.merge(child, keep),
         )
         for manifest in b.priority_classes(cfg):
             apply_manifest(f"{name}-priority-{manifest['metadata']['name']}", manifest, child)
-        # Queues and HyperNodes are CRs: their CRDs arrive with the chart.
+        # Queues and HyperNodes are CRs: their CRDs arrive with the chart (or, pre-installed,
+        # are read and checked first).
         after_chart = pulumi.ResourceOptions.merge(
             child, pulumi.ResourceOptions(depends_on=[release])
         )

@@ -14,7 +14,7 @@ import pulumi
 import pulumi_aws as aws
 
 from trainstack.builders import storage as b
-from trainstack.components.kube import apply_manifest, helm_release
+from trainstack.components.kube import addon_release, apply_manifest
 from trainstack.config.model import PlatformConfig, Team
 
 
@@ -89,11 +89,10 @@ class PlatformStorage(pulumi.ComponentResource):
                 claim = manifest["metadata"]["name"].removeprefix(f"{team.name}-")
                 apply_manifest(f"{name}-{team.name}-{claim}-{kind}", manifest, in_team)
         if storage.nvme_cache is not None:
-            helm_release(
+            addon_release(
                 f"{name}-nvme-cache",
                 "local-static-provisioner",
-                b.LOCAL_PROVISIONER_CHART,
-                namespace=b.PROVISIONER_NAMESPACE,
+                cfg,
                 values=b.local_provisioner_values(cfg),
                 opts=pulumi.ResourceOptions.merge(
                     kube, pulumi.ResourceOptions(depends_on=[args.system_namespace])

@@ -16,6 +16,7 @@ from typing import Any, cast
 from trainstack import yamlio
 from trainstack.builders.network import MAX_VPC_PREFIX
 from trainstack.config import model as m
+from trainstack.config.addons import addon_checks, build_addons
 from trainstack.config.capacity import capacity_issues, mode_issues
 from trainstack.config.checks import dict_items, duplicate_names, size_issues
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean, join_path
@@ -179,6 +180,7 @@ def _platform_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     issues.extend(pool_checks(doc, root))
     issues.extend(storage_checks(doc, root, network_zones(doc)))
     issues.extend(monitoring_checks(doc, root))
+    issues.extend(addon_checks(doc, root))
     return issues
 
 
@@ -481,6 +483,7 @@ def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
         ),
         storage=build_storage(doc, cluster_name, pools, tuple(sorted(network_zones(doc) or ()))),
         monitoring=build_monitoring(doc["monitoring"]),
+        addons=build_addons(doc["addons"]),
     )
 
 

@@ -278,6 +278,25 @@ class PolicySettings:
 
 
 @dataclass(frozen=True)
+class PreInstalled:
+    """An add-on the cluster's owners installed: Helm release `release` in `namespace` (None:
+    the release name and namespace trainstack would have used)."""
+
+    namespace: str | None = None
+    release: str | None = None
+
+
+@dataclass(frozen=True)
+class AddonSource:
+    """Where an upstream chart comes from: at most one of the three is set; none is the
+    chart's public repository."""
+
+    repository: str | None = None  # a chart repository URL or an oci:// registry path
+    path: str | None = None  # a local chart directory
+    pre_installed: PreInstalled | None = None
+
+
+@dataclass(frozen=True)
 class Deadlines:
     """The maximum-duration enforcer (docs/deadlines.md); the schema holds the defaults."""
 
@@ -372,9 +391,20 @@ class PlatformConfig:
     storage: Storage = Storage()
     monitoring: Monitoring = Monitoring()
     policy: PolicySettings = PolicySettings()
+    addons: tuple[tuple[str, AddonSource], ...] = ()
 
     def pool(self, name: str) -> GpuPool | None:
         return next((p for p in self.gpu_pools if p.name == name), None)
+
+    def addon_source(self, key: str) -> AddonSource:
+        """Where add-on `key` comes from (the default: its public chart repository)."""
+        return dict(self.addons).get(key, AddonSource())
+
+    def addon_namespace(self, key: str, default: str) -> str:
+        """Where add-on `key` runs: the namespace a pre-installed one names, else `default`
+        (where trainstack installs it)."""
+        pre = self.addon_source(key).pre_installed
+        return (pre.namespace if pre else None) or default
 
 
 @dataclass(frozen=True)

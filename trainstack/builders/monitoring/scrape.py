@@ -52,7 +52,11 @@ def service_monitors(cfg: PlatformConfig) -> list[dict[str, Any]]:
                 "metadata": object_meta(cfg, "trainstack-dcgm-exporter", NAMESPACE),
                 "spec": {
                     "namespaceSelector": {
-                        "matchNames": [SYSTEM_NAMESPACE if operator else NAMESPACE]
+                        "matchNames": [
+                            cfg.addon_namespace("gpu-operator", SYSTEM_NAMESPACE)
+                            if operator
+                            else cfg.addon_namespace("dcgm-exporter", NAMESPACE)
+                        ]
                     },
                     "selector": {
                         "matchLabels": {"app": "nvidia-dcgm-exporter"}
@@ -77,7 +81,9 @@ def service_monitors(cfg: PlatformConfig) -> list[dict[str, Any]]:
             "kind": "ServiceMonitor",
             "metadata": object_meta(cfg, f"trainstack-volcano-{component}", NAMESPACE),
             "spec": {
-                "namespaceSelector": {"matchNames": [VOLCANO_NAMESPACE]},
+                "namespaceSelector": {
+                    "matchNames": [cfg.addon_namespace("volcano", VOLCANO_NAMESPACE)]
+                },
                 "selector": {"matchLabels": {"app": app}},
                 "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s"}],
             },
