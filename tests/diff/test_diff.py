@@ -190,17 +190,27 @@ def test_fsx_capacity_decrease_forces_replacement(
     assert "#### ⚠️ Stateful resources replaced or deleted" in markdown
     assert (
         "- **REPLACE** `aws:fsx/lustreFileSystem:LustreFileSystem` `trainstack-prod-storage-lustre`"
-        in markdown
-    )
-    storage = {e.key: e for e in diff.storage}
-    fsx = storage["LustreFileSystem trainstack-prod-storage-lustre"]
-    assert [(c.field, c.before, c.after) for c in fsx.changes] == [
-        ("storageCapacity", 28800, 24000)
-    ]
+        ": file system: datasets and checkpoints lost. storageCapacity 28800 → 24000: "
+        "storageCapacity decreased (FSx for Lustre can only grow in place)"
+    ) in markdown
     # The claims' size follows the file system; a claim's spec is immutable in Kubernetes.
     claims = [r for r in diff.resources if r.type == "kubernetes:core/v1:PersistentVolumeClaim"]
     assert claims
     assert all(r.action == "replace" and r.stateful for r in claims)
+    # Issue 23 #6: each replaced resource appears once, with its values and why, not again
+    # in the Storage section and the replaced table.
+    for resource in [*claims, *lustre]:
+        assert markdown.count(resource.name) == 1, resource.name
+    assert (
+        "- **REPLACE** `kubernetes:core/v1:PersistentVolumeClaim` "
+        "`trainstack-prod-storage-vision-lustre-pvc`: volume claim: pods using it lose their "
+        "volume. spec.resources.requests.storage 28800Gi → 24000Gi: spec forces replacement"
+    ) in markdown
+    assert {e.key for e in diff.storage} == {
+        f"PersistentVolume trainstack-prod-storage-{team}-lustre-pv"
+        for team in ("nlp", "recsys", "vision")
+    }
+    assert "#### Replaced or deleted resources\n\nOnly the stateful ones above." in markdown
 
 
 def test_fsx_capacity_increase_is_in_place(preview: Preview, prod_base: dict[str, Any]) -> None:
@@ -217,7 +227,10 @@ def test_fsx_deployment_type_change_forces_replacement(
     diff, markdown = report_for(prod_base, preview("prod", prod=head_text))
     [lustre] = [r for r in diff.resources if r.type.endswith("LustreFileSystem")]
     assert lustre.action == "replace"
-    assert "deploymentType: deploymentType forces replacement" in lustre.reasons
+    assert (
+        "deploymentType PERSISTENT_2 → SCRATCH_2: deploymentType forces replacement"
+        in lustre.reasons
+    )
     assert "deploymentType" in markdown
     assert "PERSISTENT_2" in markdown
     assert "SCRATCH_2" in markdown
@@ -287,15 +300,16 @@ def test_jobs_added_removed_and_changed(example_plans: dict[str, Plan]) -> None:
     assert jobs["vision/vit"].summary["GPUs"] == 16
     resnet = jobs["vision/resnet"]
     assert resnet.status == "changed"
-    assert resnet.summary == {"GPUs": "16 → 32"}
-    assert {(c.field, c.before, c.after) for c in resnet.changes} == {
+    assert [(c.field, c.before, c.after) for c in resnet.changes] == [
+        ("GPUs", 16, 32),
         ("spec.minAvailable", 2, 4),
         ("spec.tasks[name=worker].replicas", 2, 4),  # by name, not position (issue 23 #6)
-    }
+    ]
     assert "| vision/llama | added |  |  | queue: vision, GPUs: 128, tasks: 1" in markdown
     assert "| vision/vit | removed |  | queue: vision, GPUs: 16" in markdown
     assert "| vision/resnet | changed | spec.tasks[name=worker].replicas | 2 | 4 |" in markdown
-    assert "| vision/resnet | changed | GPUs |  | 16 → 32 |" in markdown
+    # Before and after in their own columns (issue 23 #6: both were in one).
+    assert "| vision/resnet | changed | GPUs | 16 | 32 |" in markdown
     assert diff.counts["create"] == 1
     assert diff.counts["delete"] == 1
     assert "Team stack: quotas live in the platform stack." in markdown
@@ -440,7 +454,7 @@ def test_real_job_specs_added_removed_and_changed(tmp_path: Path) -> None:
     assert changed.status == "changed"
     fields = {(c.field, c.before, c.after) for c in changed.changes}
     assert ("spec.minAvailable", 2, 4) in fields  # a gang of 2 -> 4 pods
-    assert changed.summary == {"GPUs": "2 → 4"}
+    assert ("GPUs", 2, 4) in fields
     assert "| vision/embeddings-ps | removed |" in markdown
     assert "| vision/demo-train-2 | added |" in markdown
 

@@ -14,7 +14,8 @@ from trainstack.config import ConfigError
 from trainstack.diff.changed import Selection, stacks_changed_since
 from trainstack.diff.plans import PlanError, empty_plan, load_plan
 from trainstack.diff.render import to_json, to_markdown
-from trainstack.diff.report import DiffReport, diff_plans
+from trainstack.diff.report import DiffReport, diff_plans, not_previewed
+from trainstack.preview.engine import Project
 
 EXIT_USER_ERROR = 1
 # Markup off: stack names, paths and messages print verbatim (see trainstack/cli.py).
@@ -31,8 +32,25 @@ def _plans_in(folder: Path) -> dict[str, Path]:
     return {p.parent.name: p for p in sorted(folder.glob("*/plan.json"))}
 
 
-def diff_paths(base: Path, head: Path) -> DiffReport:
-    """Diff two plan files, or two folders of `<stack>/plan.json` (stacks paired by name)."""
+def head_project(head: Path, project_dir: Path | None) -> Project | None:
+    """The project the head plans were made from: `project_dir`, else the project holding the
+    head folder (`build/…` of a checkout), else none."""
+    try:
+        return Project.find((project_dir or head).resolve())
+    except ConfigError:
+        if project_dir is not None:
+            raise
+        return None
+
+
+def diff_paths(base: Path, head: Path, project: Project | None = None) -> DiffReport:
+    """Diff two plan files, or two folders of `<stack>/plan.json` (stacks paired by name).
+
+    A stack with a base plan and no head plan is removed only when its stack file is gone
+    from the head's `project`: one that is still there was not in the head's changed set
+    (`preview --changed-since`), and is unchanged, not previewed. Without a project, every
+    such stack counts as removed.
+    """
     if base.is_file() or head.is_file() or (base / "plan.json").is_file():
         return DiffReport([diff_plans(load_plan(base), load_plan(head))])
     for side in (base, head):
@@ -50,6 +68,9 @@ def diff_paths(base: Path, head: Path) -> DiffReport:
     for stack in sorted(set(base_plans) | set(head_plans)):
         old = load_plan(base_plans[stack]) if stack in base_plans else None
         new = load_plan(head_plans[stack]) if stack in head_plans else None
+        if old is not None and new is None and project and project.stack_file(stack).is_file():
+            stacks.append(not_previewed(old))
+            continue
         kind = str((new or old or {}).get("kind", "platform"))
         stacks.append(diff_plans(old or empty_plan(stack, kind), new or empty_plan(stack, kind)))
     return DiffReport(stacks)
@@ -58,6 +79,7 @@ def diff_paths(base: Path, head: Path) -> DiffReport:
 def diff(
     base: Annotated[Path, typer.Argument(help="Base plan.json (or folder of <stack>/plan.json).")],
     head: Annotated[Path, typer.Argument(help="Head plan.json (or folder of <stack>/plan.json).")],
+    *,
     format: Annotated[Format, typer.Option(help="Report format on stdout.")] = Format.markdown,
     markdown_out: Annotated[
         Path | None, typer.Option("--markdown-out", help="Also write the Markdown report here.")
@@ -65,11 +87,18 @@ def diff(
     json_out: Annotated[
         Path | None, typer.Option("--json-out", help="Also write the JSON report here.")
     ] = None,
+    project_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="The head's project: a stack without a head plan whose stack file is still "
+            "here was not previewed, not removed (default: the project holding HEAD)."
+        ),
+    ] = None,
 ) -> None:
-    """What a change means: quotas, capacity, storage, jobs, policy, replaced resources."""
+    """What a change means: quotas, capacity, storage, jobs, access, policy, every resource."""
     try:
-        report = diff_paths(base, head)
-    except PlanError as error:
+        report = diff_paths(base, head, head_project(head, project_dir))
+    except (PlanError, ConfigError) as error:
         err.print(Text.assemble(("error: ", "bold red"), str(error)))
         raise typer.Exit(EXIT_USER_ERROR) from None
     markdown, document = to_markdown(report), to_json(report)

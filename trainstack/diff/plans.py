@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import difflib
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from trainstack.preview.plan import PLAN_VERSION
 
 VOLCANO_JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
 ABSENT = "(absent)"
+
+
+@dataclass(frozen=True)
+class Change:
+    """One changed field, as the report shows it."""
+
+    field: str
+    before: Any
+    after: Any
 
 
 class PlanError(Exception):
@@ -96,6 +112,95 @@ def _named_changes(
             found.extend(changed_paths(before[name], after[name], path))
     if not found and list(before) != list(after):
         found.append((f"{prefix} (order)", list(before), list(after)))
+    return found
+
+
+_BASE64 = re.compile(r"^[A-Za-z0-9+/]{16,}={0,2}$")
+
+
+def _unbase64(text: str) -> str | None:
+    """`text` decoded when it is base64 of readable text (node user data), else None."""
+    if len(text) % 4 or not _BASE64.match(text):
+        return None
+    try:
+        decoded = base64.b64decode(text, validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return decoded if all(c.isprintable() or c in "\n\r\t" for c in decoded) else None
+
+
+def _structured(text: str) -> Any:
+    """A JSON document, or a multi-line YAML mapping or list, parsed; None for other text."""
+    stripped = text.strip()
+    if stripped.startswith(("{", "[")):
+        try:
+            return json.loads(stripped)
+        except json.JSONDecodeError:
+            pass
+    if "\n" in stripped:
+        try:
+            doc = yaml.safe_load(stripped)
+        except yaml.YAMLError:
+            return None
+        return doc if isinstance(doc, dict | list) else None
+    return None
+
+
+def _line_changes(path: str, before: str, after: str) -> list[tuple[str, Any, Any]]:
+    """Changed runs of lines, numbered as in the base (as in the head for pure insertions)."""
+    old, new = before.splitlines(), after.splitlines()
+    found: list[tuple[str, Any, Any]] = []
+    matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        first, last = (i1, i2) if i2 > i1 else (j1, j2)
+        lines = f"line {first + 1}" if last - first <= 1 else f"lines {first + 1}-{last}"
+        where = lines if i2 > i1 else f"{lines} (head)"
+        found.append(
+            (
+                f"{path} {where}",
+                "\n".join(old[i1:i2]) if i2 > i1 else ABSENT,
+                "\n".join(new[j1:j2]) if j2 > j1 else ABSENT,
+            )
+        )
+    return found
+
+
+def _decoded_change(path: str, before: str, after: str) -> list[tuple[str, Any, Any]] | None:
+    """A change of one encoded string as a reviewer reads it, or None when it is plain text.
+
+    Node user data is base64 and the Volcano scheduler configuration one YAML string, IAM
+    policies one JSON string (issue 23 #6): structured text changes by path inside it
+    (`… (yaml) tiers[1].plugins[name=binpack].arguments.weight`), other multi-line text by
+    line (`userData (base64) line 24`).
+    """
+    old64, new64 = _unbase64(before), _unbase64(after)
+    if old64 is not None and new64 is not None:
+        path, before, after = f"{path} (base64)", old64, new64
+    old_doc, new_doc = _structured(before), _structured(after)
+    if old_doc is not None and new_doc is not None:
+        kind = "json" if before.strip().startswith(("{", "[")) else "yaml"
+        return readable(changed_paths(old_doc, new_doc), f"{path} ({kind}) ")
+    if "\n" in before or "\n" in after or path.endswith("(base64)"):
+        return _line_changes(path, before, after)
+    return None
+
+
+def readable(changes: list[tuple[str, Any, Any]], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """`changed_paths` for a reader: encoded strings decoded (replacement rules read the raw
+    paths; this is for the report only)."""
+    found: list[tuple[str, Any, Any]] = []
+    for path, before, after in changes:
+        decoded = (
+            _decoded_change(path, before, after)
+            if isinstance(before, str) and isinstance(after, str)
+            else None
+        )
+        if decoded is None:
+            found.append((prefix + path, before, after))
+        else:
+            found.extend((prefix + p, b, a) for p, b, a in decoded)
     return found
 
 

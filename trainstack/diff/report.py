@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainstack.builders.fabric import GPU_RESOURCE as GPU
+from trainstack.diff.access import AccessChange, access_section
 from trainstack.diff.capacity import Check, Inputs, capacity_checks, plan_inputs
-from trainstack.diff.plans import ABSENT, VOLCANO_JOB, changed_paths, get
+from trainstack.diff.plans import ABSENT, VOLCANO_JOB, Change, changed_paths, get, readable, show
 from trainstack.diff.replace import STATEFUL, replacing_paths, trigger_reasons
 from trainstack.outputs import team_slices
 
@@ -28,13 +29,7 @@ TOTALS = (
     *("reserved", "onDemand", "spot", "existing"),
 )
 MAX_FIELD_CHANGES = 25  # per job or storage resource; the rest is counted
-
-
-@dataclass(frozen=True)
-class Change:
-    field: str
-    before: Any
-    after: Any
+NOT_PREVIEWED = "not-previewed"  # no head plan: not in the head's changed set
 
 
 @dataclass
@@ -82,13 +77,16 @@ class ResourceChange:
     name: str
     stateful: str  # why losing it matters; "" for stateless resources
     reasons: tuple[str, ...] = ()
+    # The changed inputs of an update, decoded; of a replacement, those that do not force it.
+    changes: tuple[Change, ...] = ()
+    more: int = 0  # changes left out
 
 
 @dataclass
 class StackDiff:
     stack: str
     kind: str
-    status: str  # changed | added | removed | unchanged
+    status: str  # changed | added | removed | unchanged | not-previewed
     counts: dict[str, int]
     teams: list[Entry]
     capacity: Capacity
@@ -97,6 +95,9 @@ class StackDiff:
     policy: Policy
     resources: list[ResourceChange]  # replaced and deleted (stateful first)
     outputs_changed: list[str]
+    groups: list[Entry] = field(default_factory=list)  # group queues' quotas
+    access: list[AccessChange] = field(default_factory=list)
+    created_updated: list[ResourceChange] = field(default_factory=list)  # every other change
 
     @property
     def has_changes(self) -> bool:
@@ -195,6 +196,34 @@ def team_view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "queue": sched.get("queue"),
         }
     return view
+
+
+def group_view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per group queue: its guarantee and deserved share (`scheduling.capacity.groups`) and
+    its capability (the group's Queue)."""
+    groups = get(plan, "outputs", "scheduling", "capacity", "groups", default={}) or {}
+    capability: dict[str, Any] = {}
+    for resource in plan["resources"]:
+        labels = get(resource, "inputs", "metadata", "labels", default={}) or {}
+        if resource.get("type") == QUEUE and labels.get("trainstack.io/role") == "group":
+            gpus = get(resource, "inputs", "spec", "capability", GPU)
+            capability[str(labels.get("trainstack.io/group"))] = _as_int(gpus)
+    view: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(groups) | set(capability)):
+        group = groups.get(name) or {}
+        view[name] = {
+            "quota (guaranteed GPUs)": group.get("guarantee"),
+            "deserved GPUs": group.get("deserved"),
+            "capability GPUs": capability.get(name),
+        }
+    return view
+
+
+def _as_int(value: Any) -> Any:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return value
 
 
 def _entries(
@@ -318,7 +347,12 @@ def _limited(changes: list[tuple[str, Any, Any]]) -> tuple[list[Change], int]:
     return kept, max(0, len(changes) - MAX_FIELD_CHANGES)
 
 
-def storage_section(base: dict[str, Any], head: dict[str, Any]) -> list[Entry]:
+def storage_section(
+    base: dict[str, Any], head: dict[str, Any], shown: set[str] | None = None
+) -> list[Entry]:
+    """Storage resources added, removed or changed; those in `shown` (replaced or deleted,
+    listed with their changes and reasons elsewhere) are left out, so each appears once."""
+
     def view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
         return {
             f"{r['type'].rsplit(':', 1)[-1]} {r['name']}": r
@@ -329,6 +363,8 @@ def storage_section(base: dict[str, Any], head: dict[str, Any]) -> list[Entry]:
     old, new = view(base), view(head)
     entries: list[Entry] = []
     for key in sorted(set(old) | set(new)):
+        if key in (shown or set()):
+            continue
         if key not in old:
             entries.append(Entry(key, "added", summary=_storage_summary(new[key])))
         elif key not in new:
@@ -340,7 +376,7 @@ def storage_section(base: dict[str, Any], head: dict[str, Any]) -> list[Entry]:
                 if not d[0].startswith(("tags", "metadata.labels"))
             ]
             if diffs:
-                kept, more = _limited(diffs)
+                kept, more = _limited(readable(diffs))
                 entries.append(Entry(key, "changed", kept, more=more))
     return entries
 
@@ -403,15 +439,15 @@ def jobs_section(base: dict[str, Any], head: dict[str, Any]) -> list[Entry]:
             continue
         diffs = changed_paths(old[key], new[key])
         if diffs:
-            kept, more = _limited(diffs)
-            summary = {}
+            kept, more = _limited(readable(diffs))
             gpus_before, gpus_after = (
                 _job_gpus(old[key].get("spec") or {}),
                 _job_gpus(new[key].get("spec") or {}),
             )
             if gpus_before != gpus_after:
-                summary["GPUs"] = f"{gpus_before} → {gpus_after}"
-            entries.append(Entry(key, "changed", kept, summary=summary, more=more))
+                # Before and after in their own columns, like every other change (issue 23 #6).
+                kept.insert(0, Change("GPUs", gpus_before, gpus_after))
+            entries.append(Entry(key, "changed", kept, more=more))
     return entries
 
 
@@ -452,17 +488,44 @@ def policy_section(base: dict[str, Any], head: dict[str, Any]) -> Policy:
     return Policy(True, added, fixed, note)
 
 
+def _reasons(rtype: str, diffs: list[tuple[str, Any, Any]]) -> list[str]:
+    """Why the changed inputs force replacement: one line per rule, naming each changed path
+    with its values (a claim whose spec changed in three places is one reason, not three)."""
+    by_rule: dict[str, list[str]] = {}
+    values = {path: (before, after) for path, before, after in diffs}
+    for path, why in replacing_paths(rtype, diffs):
+        before, after = values[path]
+        by_rule.setdefault(why, []).append(f"{path} {show(before)} → {show(after)}")
+    return [f"{', '.join(paths)}: {why}" for why, paths in by_rule.items()]
+
+
+def _update(rtype: str, name: str, before: dict[str, Any], after: dict[str, Any]) -> ResourceChange:
+    diffs = readable(changed_paths(before.get("inputs") or {}, after.get("inputs") or {}))
+    if not diffs:
+        diffs = [
+            (key, before.get(key, ABSENT), after.get(key, ABSENT))
+            for key in ("dependencies", "options")
+            if before.get(key) != after.get(key)
+        ]
+    kept, more = _limited(diffs)
+    return ResourceChange("update", rtype, name, "", (), tuple(kept), more)
+
+
 def resource_changes(
     base: dict[str, Any], head: dict[str, Any]
-) -> tuple[dict[str, int], list[ResourceChange]]:
+) -> tuple[dict[str, int], list[ResourceChange], list[ResourceChange]]:
+    """Counts per action; replaced and deleted resources (stateful first); created and updated
+    ones, each update with its changed inputs: every counted change is listed (issue 23 #6)."""
     old, new = _resource_index(base), _resource_index(head)
     counts: Counter[str] = Counter({"create": 0, "update": 0, "replace": 0, "delete": 0, "same": 0})
     listed: list[ResourceChange] = []
+    others: list[ResourceChange] = []
     for ref in sorted(set(old) | set(new)):
         rtype, name = ref
         stateful = STATEFUL.get(rtype, "")
         if ref not in old:
             counts["create"] += 1
+            others.append(ResourceChange("create", rtype, name, ""))
             continue
         if ref not in new:
             counts["delete"] += 1
@@ -478,25 +541,50 @@ def resource_changes(
         if (before.get("provider") or "") != (after.get("provider") or ""):
             reasons.append(f"provider changed ({before.get('provider')} → {after.get('provider')})")
         diffs = changed_paths(before.get("inputs") or {}, after.get("inputs") or {})
-        reasons.extend(f"{path}: {why}" for path, why in replacing_paths(rtype, diffs))
+        reasons.extend(_reasons(rtype, diffs))
         options = (before.get("options") or {}, after.get("options") or {})
         reasons.extend(f"{path}: {why}" for path, why in trigger_reasons(rtype, *options))
         if reasons:
             counts["replace"] += 1
-            listed.append(ResourceChange("replace", rtype, name, stateful, tuple(reasons)))
+            forcing = {path for path, _ in replacing_paths(rtype, diffs)}
+            also, more = _limited(readable([d for d in diffs if d[0] not in forcing]))
+            listed.append(
+                ResourceChange("replace", rtype, name, stateful, tuple(reasons), tuple(also), more)
+            )
         elif diffs or any(before.get(k) != after.get(k) for k in ("dependencies", "options")):
             counts["update"] += 1
+            others.append(_update(rtype, name, before, after))
         else:
             counts["same"] += 1
     listed.sort(key=lambda r: (not r.stateful, r.action, r.type, r.name))
-    return dict(counts), listed
+    others.sort(key=lambda r: (r.action, r.type, r.name))
+    return dict(counts), listed, others
+
+
+def not_previewed(base: dict[str, Any]) -> StackDiff:
+    """A stack with a base plan and none in the head because the head previewed only the
+    stacks a change touches (`--changed-since`): unchanged, not removed (issue 23 #6)."""
+    counts = {"create": 0, "update": 0, "replace": 0, "delete": 0, "same": 0}
+    return StackDiff(
+        stack=str(base.get("stack") or ""),
+        kind=str(base.get("kind") or ""),
+        status=NOT_PREVIEWED,
+        counts=counts,
+        teams=[],
+        capacity=Capacity(),
+        storage=[],
+        jobs=[],
+        policy=Policy(False, note="not previewed"),
+        resources=[],
+        outputs_changed=[],
+    )
 
 
 def diff_plans(base: dict[str, Any], head: dict[str, Any]) -> StackDiff:
     """The semantic diff of one stack's base and head plans."""
     stack = str(head.get("stack") or base.get("stack") or "")
     kind = str(head.get("kind") or base.get("kind") or "")
-    counts, resources = resource_changes(base, head)
+    counts, resources, created_updated = resource_changes(base, head)
     outputs_before, outputs_after = base.get("outputs") or {}, head.get("outputs") or {}
     outputs_changed = sorted(
         k
@@ -517,11 +605,16 @@ def diff_plans(base: dict[str, Any], head: dict[str, Any]) -> StackDiff:
             team_view(base), team_view(head), ("group", "quota (guaranteed GPUs)", "pools")
         ),
         capacity=capacity_section(base, head),
-        storage=storage_section(base, head),
+        storage=storage_section(
+            base, head, {f"{r.type.rsplit(':', 1)[-1]} {r.name}" for r in resources}
+        ),
         jobs=jobs_section(base, head),
         policy=policy_section(base, head),
         resources=resources,
         outputs_changed=outputs_changed,
+        groups=_entries(group_view(base), group_view(head), ("quota (guaranteed GPUs)",)),
+        access=access_section(base, head),
+        created_updated=created_updated,
     )
     if status == "changed" and not diff.has_changes:
         diff.status = "unchanged"

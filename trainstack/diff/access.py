@@ -1,0 +1,453 @@
+"""Who can reach what: access changes between two plans (issue 23 #5).
+
+Adding a cluster-admin principal from another account used to show as "2 to create" with no
+names. Every resource that grants access is read here into who (the principal or subject) and
+what (its policy, role, groups or rule): EKS access entries and their policy associations, the
+cluster endpoint's public CIDRs, IAM roles (who may assume them), their inline and attached
+policies, pod identities, RBAC roles and bindings, security groups and their rules,
+NetworkPolicies, and bucket policies and public access blocks. A change names both, and flags
+what a reviewer must not miss: cluster admin, a principal from an account new to the stack,
+wildcard permissions, and anything open to the internet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainstack.diff.plans import Change, changed_paths, get, readable, show
+
+OPEN_CIDRS = ("0.0.0.0/0", "::/0")
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"
+MAX_FIELD_CHANGES = 25
+IGNORED = ("tags", "tagsAll", "metadata.labels", "metadata.annotations")
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one resource grants: who, to what, and what stands out."""
+
+    kind: str
+    subject: str
+    grant: str
+    flags: tuple[str, ...] = ()
+    compared: Any = None  # the inputs that decide access (all of them when None)
+
+
+@dataclass
+class AccessChange:
+    change: str  # added | removed | changed
+    kind: str
+    subject: str  # the principal or subject
+    grant: str  # its policy, role, groups or rule (the head's, or the base's when removed)
+    resource: str  # type and name in the plan
+    flags: list[str] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
+    more: int = 0
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else show(value)
+
+
+def _names(values: Any) -> str:
+    return ", ".join(_text(v) for v in values) if isinstance(values, list) else _text(values)
+
+
+def arn_name(arn: Any) -> str:
+    """An AWS-managed policy by its name (`AmazonEKSClusterAdminPolicy`), any other ARN whole."""
+    if isinstance(arn, str) and ":aws:" in arn and arn.split(":")[4:5] == ["aws"]:
+        return arn.rsplit("/", 1)[-1]
+    return _text(arn)
+
+
+def account(arn: Any) -> str | None:
+    parts = arn.split(":") if isinstance(arn, str) else []
+    return parts[4] if len(parts) > 5 and parts[0] == "arn" and parts[4] else None
+
+
+def _document(value: Any) -> dict[str, Any]:
+    """An IAM policy document (a JSON string in the plan)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _statements(value: Any) -> list[dict[str, Any]]:
+    found = _document(value).get("Statement") or []
+    found = found if isinstance(found, list) else [found]
+    return [s for s in found if isinstance(s, dict)]
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def _principals(statement: dict[str, Any]) -> list[str]:
+    principal = statement.get("Principal")
+    if principal == "*":
+        return ["anyone (*)"]
+    if not isinstance(principal, dict):
+        return []
+    return [f"{kind} {who}" for kind, whom in sorted(principal.items()) for who in _as_list(whom)]
+
+
+def _policy_summary(value: Any) -> tuple[str, tuple[str, ...]]:
+    """`Allow a:B, c:D on *; Deny …`, and flags for wildcards and public grants."""
+    parts, flags = [], []
+    for statement in _statements(value):
+        effect = statement.get("Effect", "Allow")
+        actions = _as_list(statement.get("Action")) or [
+            f"all but {_names(statement.get('NotAction'))}"
+        ]
+        resources = _names(statement.get("Resource") or statement.get("NotResource") or "*")
+        who = _principals(statement)
+        text = f"{effect} {_names(actions)} on {resources}"
+        parts.append(text + (f" for {', '.join(who)}" if who else ""))
+        if effect == "Allow" and any(a == "*" or str(a).endswith(":*") for a in actions):
+            flags.append("wildcard actions")
+        if effect == "Allow" and ("anyone (*)" in who or "AWS *" in who):
+            flags.append("public: anyone")
+    return "; ".join(parts) or "(empty policy)", tuple(dict.fromkeys(flags))
+
+
+def _access_entry(inputs: dict[str, Any]) -> Grant:
+    groups = inputs.get("kubernetesGroups") or []
+    grant = f"Kubernetes groups {_names(groups)}" if groups else "no Kubernetes groups"
+    if inputs.get("type") not in (None, "STANDARD"):
+        grant += f" (type {inputs['type']})"
+    if inputs.get("userName"):
+        grant += f" as user {inputs['userName']}"
+    return Grant("EKS access entry", _text(inputs.get("principalArn")), grant)
+
+
+def _access_policy(inputs: dict[str, Any]) -> Grant:
+    policy = arn_name(inputs.get("policyArn"))
+    scope = inputs.get("accessScope") or {}
+    where = (
+        f"namespaces {_names(scope.get('namespaces') or [])}"
+        if scope.get("type") == "namespace"
+        else "cluster-wide"
+    )
+    flags: tuple[str, ...] = ()
+    if policy == "AmazonEKSClusterAdminPolicy":
+        flags = ("cluster admin",)
+    elif policy == "AmazonEKSAdminPolicy":
+        flags = ("admin",)
+    return Grant(
+        "EKS access policy", _text(inputs.get("principalArn")), f"{policy} ({where})", flags
+    )
+
+
+def _cluster(inputs: dict[str, Any]) -> Grant:
+    vpc = inputs.get("vpcConfig") or {}
+    access = inputs.get("accessConfig") or {}
+    public = vpc.get("endpointPublicAccess", True)
+    cidrs = vpc.get("publicAccessCidrs") or ["0.0.0.0/0"]
+    parts = [f"public endpoint from {_names(cidrs)}" if public else "no public endpoint"]
+    parts.append("private endpoint" if vpc.get("endpointPrivateAccess") else "no private endpoint")
+    if access.get("authenticationMode"):
+        parts.append(f"authentication {access['authenticationMode']}")
+    if access.get("bootstrapClusterCreatorAdminPermissions"):
+        parts.append("creator is cluster admin")
+    flags = ("public: the internet",) if public and set(cidrs) & set(OPEN_CIDRS) else ()
+    compared = {
+        "vpcConfig": {
+            k: vpc.get(k)
+            for k in ("endpointPublicAccess", "endpointPrivateAccess", "publicAccessCidrs")
+        },
+        "accessConfig": access,
+    }
+    return Grant("cluster endpoint", _text(inputs.get("name")), "; ".join(parts), flags, compared)
+
+
+def _role(inputs: dict[str, Any], name: str) -> Grant:
+    trusted: list[str] = []
+    for statement in _statements(inputs.get("assumeRolePolicy")):
+        who = _principals(statement)
+        for operator in (statement.get("Condition") or {}).values():
+            for key, value in (operator or {}).items():
+                if str(key).endswith(":sub"):  # which service accounts or workflows
+                    who = [f"{w} (sub {_names(value)})" for w in who]
+        trusted += who
+    flags = ("public: anyone",) if "anyone (*)" in trusted or "AWS *" in trusted else ()
+    grant = f"assumable by {', '.join(trusted)}" if trusted else "assumable by no one"
+    return Grant("IAM role", _text(inputs.get("name") or name), grant, flags)
+
+
+def _role_policy(inputs: dict[str, Any], name: str) -> Grant:
+    summary, flags = _policy_summary(inputs.get("policy"))
+    label = inputs.get("name") or name
+    return Grant("IAM inline policy", _text(inputs.get("role")), f"{label}: {summary}", flags)
+
+
+def _policy(inputs: dict[str, Any], name: str) -> Grant:
+    summary, flags = _policy_summary(inputs.get("policy"))
+    return Grant("IAM policy", _text(inputs.get("name") or name), summary, flags)
+
+
+def _attachment(inputs: dict[str, Any]) -> Grant:
+    policy = arn_name(inputs.get("policyArn"))
+    flags = ("administrator",) if policy == "AdministratorAccess" else ()
+    return Grant("IAM policy attachment", _text(inputs.get("role")), policy, flags)
+
+
+def _pod_identity(inputs: dict[str, Any]) -> Grant:
+    subject = f"ServiceAccount {inputs.get('namespace')}/{inputs.get('serviceAccount')}"
+    return Grant("EKS pod identity", subject, f"IAM role {_text(inputs.get('roleArn'))}")
+
+
+def _binding(inputs: dict[str, Any]) -> Grant:
+    subjects = []
+    for subject in inputs.get("subjects") or []:
+        namespace = f"{subject['namespace']}/" if subject.get("namespace") else ""
+        subjects.append(f"{subject.get('kind')} {namespace}{subject.get('name')}")
+    ref = inputs.get("roleRef") or {}
+    namespace = get(inputs, "metadata", "namespace")
+    where = f"in namespace {namespace}" if namespace else "cluster-wide"
+    flags = ("cluster admin",) if ref.get("name") == "cluster-admin" else ()
+    return Grant(
+        f"RBAC {inputs.get('kind', 'binding')}",
+        "; ".join(subjects) or "no subjects",
+        f"{ref.get('kind')} {ref.get('name')} {where}",
+        flags,
+    )
+
+
+def _rbac_role(inputs: dict[str, Any]) -> Grant:
+    namespace = get(inputs, "metadata", "namespace")
+    name = f"{namespace}/" if namespace else ""
+    rules, flags = [], []
+    for rule in inputs.get("rules") or []:
+        verbs, resources = rule.get("verbs") or [], rule.get("resources") or []
+        groups = [g or "core" for g in rule.get("apiGroups") or []]
+        what = _names(resources or rule.get("nonResourceURLs") or [])
+        rules.append(f"{_names(verbs)} on {what}" + (f" ({_names(groups)})" if groups else ""))
+        if "*" in verbs or "*" in resources:
+            flags.append("wildcard rules")
+    subject = f"{inputs.get('kind', 'Role')} {name}{get(inputs, 'metadata', 'name')}"
+    return Grant("RBAC role", subject, "; ".join(rules) or "no rules", tuple(dict.fromkeys(flags)))
+
+
+def _ports(rule: dict[str, Any], protocol_key: str) -> str:
+    protocol = str(rule.get(protocol_key, "-1"))
+    if protocol in ("-1", "all"):
+        return "all traffic"
+    low, high = rule.get("fromPort"), rule.get("toPort")
+    ports = f"{low}" if low == high else f"{low}-{high}"
+    return f"{protocol} {ports}"
+
+
+def _sg_rule(inputs: dict[str, Any], direction: str) -> Grant:
+    peer = inputs.get("cidrIpv4") or inputs.get("cidrIpv6") or inputs.get("prefixListId")
+    if peer is None and inputs.get("referencedSecurityGroupId"):
+        referenced = inputs["referencedSecurityGroupId"]
+        peer = "itself" if referenced == inputs.get("securityGroupId") else f"group {referenced}"
+    side = "from" if direction == "ingress" else "to"
+    grant = f"{direction} {side} {peer} ({_ports(inputs, 'ipProtocol')})"
+    flags = ("public: the internet",) if direction == "ingress" and peer in OPEN_CIDRS else ()
+    return Grant(
+        "security group rule", f"security group {inputs.get('securityGroupId')}", grant, flags
+    )
+
+
+def _legacy_sg_rule(inputs: dict[str, Any]) -> Grant:
+    direction = str(inputs.get("type", "ingress"))
+    peers = [*(inputs.get("cidrBlocks") or []), *(inputs.get("ipv6CidrBlocks") or [])]
+    if inputs.get("sourceSecurityGroupId"):
+        peers.append(f"security group {inputs['sourceSecurityGroupId']}")
+    if inputs.get("self"):
+        peers.append("itself")
+    side = "from" if direction == "ingress" else "to"
+    grant = f"{direction} {side} {_names(peers)} ({_ports(inputs, 'protocol')})"
+    public = direction == "ingress" and set(peers) & set(OPEN_CIDRS)
+    flags = ("public: the internet",) if public else ()
+    return Grant(
+        "security group rule", f"security group {inputs.get('securityGroupId')}", grant, flags
+    )
+
+
+def _security_group(inputs: dict[str, Any], name: str) -> Grant:
+    rules, public = [], False
+    for direction in ("ingress", "egress"):
+        for rule in inputs.get(direction) or []:
+            peers = [*(rule.get("cidrBlocks") or []), *(rule.get("securityGroups") or [])]
+            if rule.get("self"):
+                peers.append("itself")
+            side = "from" if direction == "ingress" else "to"
+            rules.append(f"{direction} {side} {_names(peers)} ({_ports(rule, 'protocol')})")
+            public = public or (direction == "ingress" and bool(set(peers) & set(OPEN_CIDRS)))
+    grant = "; ".join(rules) or f"in {inputs.get('vpcId')} (rules are separate resources)"
+    flags = ("public: the internet",) if public else ()
+    return Grant("security group", _text(inputs.get("name") or name), grant, flags)
+
+
+def _peer(peer: dict[str, Any]) -> str:
+    if "ipBlock" in peer:
+        block = peer["ipBlock"]
+        except_ = f" except {_names(block['except'])}" if block.get("except") else ""
+        return f"{block.get('cidr')}{except_}"
+    parts = []
+    if "namespaceSelector" in peer:
+        labels = get(peer, "namespaceSelector", "matchLabels", default={}) or {}
+        if list(labels) == [NAMESPACE_LABEL]:
+            parts.append(f"namespace {labels[NAMESPACE_LABEL]}")
+        else:
+            parts.append(f"namespaces {_labels(peer['namespaceSelector'])}")
+    if "podSelector" in peer:
+        parts.append(f"pods {_labels(peer['podSelector'])}")
+    return " ".join(parts) or _text(peer)
+
+
+def _labels(selector: Any) -> str:
+    """A label selector as `k=v, …` (`(all)` when it selects everything)."""
+    labels = get(selector, "matchLabels", default={}) or {}
+    expressions = get(selector, "matchExpressions", default=[]) or []
+    parts = [f"{k}={v}" for k, v in sorted(labels.items())] + [_text(e) for e in expressions]
+    return ", ".join(parts) or "(all)"
+
+
+def _network_policy(inputs: dict[str, Any]) -> Grant:
+    spec = inputs.get("spec") or {}
+    parts, public = [], False
+    for direction, key in (("ingress", "from"), ("egress", "to")):
+        for rule in spec.get(direction) or []:
+            peers = [_peer(p) for p in rule.get(key) or []] or ["anywhere"]
+            ports = [f"{p.get('protocol', 'TCP')} {p.get('port')}" for p in rule.get("ports") or []]
+            side = "from" if direction == "ingress" else "to"
+            suffix = f" ({', '.join(ports)})" if ports else ""
+            parts.append(f"{direction} {side} {', '.join(peers)}{suffix}")
+            if direction == "ingress" and (
+                peers == ["anywhere"] or any(p.split()[0] in OPEN_CIDRS for p in peers)
+            ):
+                public = True
+    subject = f"{get(inputs, 'metadata', 'namespace')}/{get(inputs, 'metadata', 'name')}"
+    subject += f" (pods {_labels(spec.get('podSelector'))})"
+    types = spec.get("policyTypes") or []
+    grant = "; ".join(parts) or f"deny all {_names(types)}"
+    flags = ("public: the internet",) if public else ()
+    return Grant("NetworkPolicy", subject, grant, flags)
+
+
+def _bucket_policy(inputs: dict[str, Any]) -> Grant:
+    summary, flags = _policy_summary(inputs.get("policy"))
+    return Grant("bucket policy", f"bucket {_text(inputs.get('bucket'))}", summary, flags)
+
+
+def _public_access_block(inputs: dict[str, Any]) -> Grant:
+    keys = ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
+    off = [k for k in keys if not inputs.get(k)]
+    grant = f"not blocked: {', '.join(off)}" if off else "all public access blocked"
+    flags = ("public access not blocked",) if off else ()
+    return Grant("bucket public access", f"bucket {_text(inputs.get('bucket'))}", grant, flags)
+
+
+Reader = Callable[[dict[str, Any], str], Grant]
+READERS: dict[str, Reader] = {
+    "aws:eks/accessEntry:AccessEntry": lambda i, _n: _access_entry(i),
+    "aws:eks/accessPolicyAssociation:AccessPolicyAssociation": lambda i, _n: _access_policy(i),
+    "aws:eks/cluster:Cluster": lambda i, _n: _cluster(i),
+    "aws:eks/podIdentityAssociation:PodIdentityAssociation": lambda i, _n: _pod_identity(i),
+    "aws:iam/role:Role": _role,
+    "aws:iam/rolePolicy:RolePolicy": _role_policy,
+    "aws:iam/policy:Policy": _policy,
+    "aws:iam/rolePolicyAttachment:RolePolicyAttachment": lambda i, _n: _attachment(i),
+    "aws:ec2/securityGroup:SecurityGroup": _security_group,
+    "aws:ec2/securityGroupRule:SecurityGroupRule": lambda i, _n: _legacy_sg_rule(i),
+    "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": (
+        lambda i, _n: _sg_rule(i, "ingress")
+    ),
+    "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule": (
+        lambda i, _n: _sg_rule(i, "egress")
+    ),
+    "aws:s3/bucketPolicy:BucketPolicy": lambda i, _n: _bucket_policy(i),
+    "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock": lambda i, _n: _public_access_block(i),
+    "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding": lambda i, _n: _binding(i),
+    "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding": lambda i, _n: _binding(i),
+    "kubernetes:rbac.authorization.k8s.io/v1:Role": lambda i, _n: _rbac_role(i),
+    "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole": lambda i, _n: _rbac_role(i),
+    "kubernetes:networking.k8s.io/v1:NetworkPolicy": lambda i, _n: _network_policy(i),
+}
+PRINCIPAL_KINDS = ("EKS access entry", "EKS access policy")
+
+
+def _grants(plan: dict[str, Any]) -> dict[tuple[str, str], tuple[Grant, dict[str, Any]]]:
+    found: dict[tuple[str, str], tuple[Grant, dict[str, Any]]] = {}
+    for resource in plan["resources"]:
+        reader = READERS.get(resource.get("type", ""))
+        if reader is None or not resource.get("custom", True):
+            continue
+        inputs = resource.get("inputs") or {}
+        found[(resource["type"], resource["name"])] = (reader(inputs, resource["name"]), inputs)
+    return found
+
+
+def _compared(grant: Grant, inputs: dict[str, Any]) -> Any:
+    return inputs if grant.compared is None else grant.compared
+
+
+def _principal_accounts(grants: dict[tuple[str, str], tuple[Grant, dict[str, Any]]]) -> set[str]:
+    return {
+        acct
+        for grant, _ in grants.values()
+        if grant.kind in PRINCIPAL_KINDS and (acct := account(grant.subject))
+    }
+
+
+def access_section(base: dict[str, Any], head: dict[str, Any]) -> list[AccessChange]:
+    """Every access grant added, removed or changed, naming the subject and what it gets."""
+    old, new = _grants(base), _grants(head)
+    known = _principal_accounts(old)
+    changes: list[AccessChange] = []
+    for ref in sorted(set(old) | set(new)):
+        rtype, name = ref
+        resource = f"{rtype.rsplit(':', 1)[-1]} {name}"
+        if ref not in old:
+            grant = new[ref][0]
+            flags = list(grant.flags)
+            acct = account(grant.subject) if grant.kind in PRINCIPAL_KINDS else None
+            if acct and base["resources"] and acct not in known:
+                flags.append(f"account {acct} new to this stack")
+            changes.append(
+                AccessChange("added", grant.kind, grant.subject, grant.grant, resource, flags)
+            )
+            continue
+        if ref not in new:
+            grant = old[ref][0]
+            changes.append(
+                AccessChange(
+                    "removed", grant.kind, grant.subject, grant.grant, resource, list(grant.flags)
+                )
+            )
+            continue
+        (before, old_inputs), (after, new_inputs) = old[ref], new[ref]
+        diffs = [
+            d
+            for d in changed_paths(_compared(before, old_inputs), _compared(after, new_inputs))
+            if not d[0].startswith(IGNORED)
+        ]
+        if not diffs:
+            continue
+        shown = readable(diffs)
+        flags = [f for f in after.flags if f not in before.flags]
+        changes.append(
+            AccessChange(
+                "changed",
+                after.kind,
+                after.subject,
+                after.grant,
+                resource,
+                flags,
+                [Change(p, b, a) for p, b, a in shown[:MAX_FIELD_CHANGES]],
+                max(0, len(shown) - MAX_FIELD_CHANGES),
+            )
+        )
+    changes.sort(key=lambda c: (c.kind, c.subject, c.grant, c.change, c.resource))
+    return changes
