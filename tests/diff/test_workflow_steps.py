@@ -10,8 +10,9 @@ nothing; `make setup-preview` is the test's own virtualenv. Conditions are evalu
 forms the workflow uses and no other (an unknown one fails the test), with GitHub's default
 `success()` for a step without `if:`.
 
-Issue 23 #1 (a head with violations still gets its base previewed, and the job still fails)
-and #2 (a docs-only change gets a report, and pipes do not hide failures).
+Issue 23 #1 (a head with violations still gets its base previewed, and the job still fails),
+#2 (a docs-only change gets a report, and pipes do not hide failures), #5 (an access change
+names the principal and its policy), #7 (a deleted stack is one to destroy).
 """
 
 from __future__ import annotations
@@ -227,3 +228,41 @@ def test_a_new_stack_is_reported_as_new(tmp_path: Path) -> None:
     assert (repo / "build" / "pr" / "stacks.txt").read_text().split() == ["dev2"]
     assert "no base plan for dev2" in run.logs["Preview the base"]
     assert "dev2" in run.report()
+
+
+@pytest.mark.slow
+def test_an_access_change_names_the_principal_and_its_policy(tmp_path: Path) -> None:
+    """Issue 23 #5: a cluster admin from another account, and one more principal in a team's
+    access, showed as "3 to create" with no names."""
+    repo, base = _repository(tmp_path)
+    stack = repo / "stacks" / "Pulumi.prod.yaml"
+    admin = "arn:aws:iam::444455556666:role/contractor-admin"
+    intern = "arn:aws:iam::111122223333:role/vision-interns"
+    text = stack.read_text(encoding="utf-8")
+    engineers = '"arn:aws:iam::111122223333:role/vision-ml-engineers"'
+    for old, new in (
+        (
+            "          - arn:aws:iam::111122223333:role/platform-ci\n",
+            f"          - arn:aws:iam::111122223333:role/platform-ci\n          - {admin}\n",
+        ),
+        (f"iamPrincipalArns: [{engineers}]", f'iamPrincipalArns: [{engineers}, "{intern}"]'),
+    ):
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    stack.write_text(text, encoding="utf-8")
+    _commit(repo, "a contractor administers the cluster, interns join vision")
+    run = run_offline_job(repo, base, tmp_path)
+    assert run.succeeded, run.logs
+    lines = run.report().splitlines()
+    flagged = "**⚠️ cluster admin; account 444455556666 new to this stack**"
+    for line in (
+        "#### Access",
+        f"| added {flagged} | EKS access policy | {admin} | AmazonEKSClusterAdminPolicy "
+        "(cluster-wide) |  |  |  |",
+        f"| added | EKS access entry | {intern} | Kubernetes groups trainstack:team:vision "
+        "|  |  |  |",
+    ):
+        assert line in lines, "\n".join(lines)
+    [summary] = [line for line in lines if line.startswith("- **prod**")]
+    assert summary.startswith("- **prod** (platform): 3 to create, 0 to update"), summary
+    assert "🔑 3 access change(s), 2 flagged" in summary
