@@ -17,6 +17,7 @@ from tests.e2e import toolchain
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 WORKFLOW = WORKFLOWS / "plan-diff.yml"
+FORK_COMMENT = WORKFLOWS / "plan-diff-comment.yml"
 ZIZMOR_CONFIG = ROOT / ".github" / "zizmor.yml"
 # Shell glue allowed around the repository's own commands.
 GLUE = {"mkdir", "tee", "echo", "while", "read", "done", "do", "code=0", "code=$?", "exit"}
@@ -35,9 +36,14 @@ def tool(name: str) -> str:
     return found
 
 
-def load() -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load(WORKFLOW.read_text())
+def load(path: Path = WORKFLOW) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(path.read_text())
     return doc
+
+
+def triggers(doc: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = doc.get("on", doc.get(True))  # YAML 1.1 reads a bare `on` as true
+    return found
 
 
 def actionlint() -> str:
@@ -113,8 +119,7 @@ def test_steps_run_only_commands_the_repo_provides() -> None:
 def test_least_privilege_and_no_secrets_where_pull_request_code_runs() -> None:
     doc = load()
     assert doc["permissions"] == {}
-    triggers = doc.get("on", doc.get(True))  # YAML 1.1 reads a bare `on` as true
-    assert set(triggers) == {"pull_request"}  # never pull_request_target
+    assert set(triggers(doc)) == {"pull_request"}  # never pull_request_target
     offline = doc["jobs"]["offline"]
     assert offline["permissions"] == {"contents": "read"}
     text = yaml.safe_dump(offline)
@@ -137,12 +142,58 @@ def test_least_privilege_and_no_secrets_where_pull_request_code_runs() -> None:
 
 
 def test_actions_are_pinned_by_commit() -> None:
-    """Issue 23 #4: every action, the one that holds cloud credentials included."""
-    for job in load()["jobs"].values():
-        for step in job["steps"]:
-            uses = step.get("uses")
-            if uses:
-                assert re.fullmatch(r"[\w./-]+@[0-9a-f]{40}", uses), uses
+    """Issue 23 #4: every action of every workflow, the one that holds cloud credentials
+    included; and zizmor's pinning rule is not relaxed for any of them."""
+    for path in sorted(WORKFLOWS.glob("*.yml")):
+        for job in load(path)["jobs"].values():
+            for step in job["steps"]:
+                uses = step.get("uses")
+                if uses:
+                    assert re.fullmatch(r"[\w./-]+@[0-9a-f]{40}", uses), (path.name, uses)
+    config = yaml.safe_load(ZIZMOR_CONFIG.read_text())
+    assert config["rules"]["unpinned-uses"]["config"]["policies"] == {"*": "hash-pin"}
+    assert "ignore" not in config["rules"]["unpinned-uses"]
+
+
+def test_forks_get_their_comment_from_a_workflow_that_reads_the_report_as_data() -> None:
+    """Issue 23 #10: a fork's pull_request run cannot comment; a workflow_run workflow posts
+    its report. It checks out nothing, runs nothing, and does not let the artifact choose
+    the pull request."""
+    doc = load(FORK_COMMENT)
+    assert triggers(doc) == {
+        "workflow_run": {"workflows": [load()["name"]], "types": ["completed"]}
+    }
+    assert doc["permissions"] == {}
+    [job] = doc["jobs"].values()
+    assert job["permissions"] == {"actions": "read", "pull-requests": "write"}
+    # forks only: same-repository pull requests have plan-diff.yml's comment job
+    assert "head_repository.full_name != github.repository" in job["if"]
+    assert "workflow_run.event == 'pull_request'" in job["if"]
+    assert [s["uses"].split("@")[0] for s in job["steps"]] == [
+        "actions/download-artifact",
+        "actions/github-script",
+    ]
+    download, script = job["steps"]
+    assert download["with"]["run-id"] == "${{ github.event.workflow_run.id }}"
+    code = script["with"]["script"]
+    for never in ("eval(", "Function(", "child_process", "exec", 'require("./', "JSON.parse"):
+        assert never not in code, never
+    assert 'readFileSync("report/report.md", "utf8")' in code  # the only thing read from it
+    assert "p.head.sha === run.head_sha" in code
+    assert "const issue_number = pr.number;" in code
+    # The one zizmor finding ignored in this repository, with its reason on the line.
+    ignores = [
+        (path.name, line.strip())
+        for path in sorted(WORKFLOWS.glob("*.yml"))
+        for line in path.read_text().splitlines()
+        if "zizmor: ignore" in line
+    ]
+    assert [(name, line.split("# ", 1)[1]) for name, line in ignores] == [
+        (
+            FORK_COMMENT.name,
+            "zizmor: ignore[dangerous-triggers] data-only use, reviewed (issue 23 #10)",
+        )
+    ]
 
 
 def test_the_cloud_preview_runs_the_cli_the_e2e_suite_tests() -> None:
