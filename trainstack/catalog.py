@@ -8,9 +8,6 @@ from importlib import resources
 
 import yaml
 
-from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean
-from trainstack.config.schema import schema_issues
-
 CATALOG_FILE = "instances.yaml"
 
 
@@ -47,6 +44,13 @@ class UnknownInstanceTypeError(ValueError):
 
 @cache
 def catalog() -> dict[str, InstanceType]:
+    # Imported here, not at the top: trainstack.config's __init__ loads the loader, which
+    # loads config modules that import this one and builders that import it too, so a
+    # top-level import made "import trainstack.builders.fabric" (or components.platform)
+    # fail when it came first (tests/test_imports.py).
+    from trainstack.config.errors import ConfigError, ConfigIssue  # noqa: PLC0415
+    from trainstack.config.schema import schema_issues  # noqa: PLC0415
+
     text = resources.files("trainstack.data").joinpath(CATALOG_FILE).read_text(encoding="utf-8")
     document = yaml.safe_load(text)
     issues = schema_issues("instances.schema.json", document, "instances.yaml")
@@ -82,6 +86,8 @@ def catalog() -> dict[str, InstanceType]:
 
 def lookup(name: str) -> InstanceType:
     """The catalog entry for `name`, or an error naming the closest and all known types."""
+    from trainstack.config.errors import did_you_mean  # noqa: PLC0415 (see catalog())
+
     known = catalog()
     if name not in known:
         raise UnknownInstanceTypeError(
