@@ -160,3 +160,23 @@ def test_the_release_is_never_uninstalled_by_pulumi(run_program: Callable[..., R
         "kubernetes:helm.sh/v3:Release", "v-chart"
     )
     assert production.options == {"protect": True, "retainOnDelete": True}
+
+
+def test_a_child_queue_takes_its_parent_from_the_parent_resource(
+    run_program: Callable[..., Recorded],
+) -> None:
+    """`pulumi preview` dry-runs each create on the API server, Volcano's webhook included,
+    unless an input is unknown (pulumi-kubernetes provider.go Create, `skipPreview :=
+    hasComputedValue(newInputs) || ...`): a child's spec.parent must come from its parent
+    queue's outputs, or the first preview of a hierarchy fails ("failed to get parent queue";
+    found by tests/e2e/test_pulumi_stacks.py)."""
+    rec = run(run_program)
+    queues = {
+        q.inputs["metadata"]["name"]: q
+        for q in rec.of_type("kubernetes:scheduling.volcano.sh/v1beta1:Queue")
+    }
+    for name, queue in queues.items():
+        parent = queue.inputs["spec"].get("parent")
+        if parent in queues:
+            assert queue.property_dependencies.get("spec") == [queues[parent].urn], name
+    assert queues["vision"].inputs["spec"]["parent"] == "group-research"

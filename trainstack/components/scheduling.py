@@ -70,19 +70,25 @@ class Volcano(pulumi.ComponentResource):
         )
         # A child after its parent: Volcano's webhook refuses a queue whose parent it cannot
         # find ("failed to get parent queue", validate_queue.go validateHierarchicalQueue).
+        # That holds for `pulumi preview` too: with server-side apply the provider dry-runs
+        # each create against the API server, webhooks included, unless an input is still
+        # unknown (pulumi-kubernetes provider/pkg/provider/provider.go Create, `skipPreview :=
+        # hasComputedValue(newInputs) || ...`). So a child's spec.parent is taken from its
+        # parent's id: unknown while the parent is itself only previewed, the same name once
+        # it exists. A plain string made the first preview of every hierarchy fail.
         created: dict[str, pulumi.CustomResource] = {}
-        for manifest in b.queues(cfg):
-            parent = created.get(manifest["spec"].get("parent", ""))
-            queue_name = manifest["metadata"]["name"]
-            created[queue_name] = apply_manifest(
-                f"{name}-queue-{queue_name}",
-                manifest,
-                after_chart
-                if parent is None
-                else pulumi.ResourceOptions.merge(
+        for queue in b.queues(cfg):
+            parent_name = queue["spec"].get("parent", "")
+            parent = created.get(parent_name)
+            queue_name = queue["metadata"]["name"]
+            opts = after_chart
+            if parent is not None:
+                opts = pulumi.ResourceOptions.merge(
                     after_chart, pulumi.ResourceOptions(depends_on=[parent])
-                ),
-            )
+                )
+                spec = {**queue["spec"], "parent": _named(parent.id, parent_name)}
+                queue = {**queue, "spec": spec}  # noqa: PLW2901 (the same queue, linked)
+            created[queue_name] = apply_manifest(f"{name}-queue-{queue_name}", queue, opts)
         if cfg.scheduling.topology_aware:
             for manifest in b.hypernodes(cfg):
                 apply_manifest(
@@ -96,3 +102,8 @@ class Volcano(pulumi.ComponentResource):
                 kind = "binding" if manifest["kind"].endswith("Binding") else "policy"
                 apply_manifest(f"{name}-{role}-{kind}", manifest, after_chart)
         self.register_outputs({})
+
+
+def _named(known_when: pulumi.Output[str], name: str) -> pulumi.Output[str]:
+    """`name`, known only once `known_when` is (see the queues in Volcano)."""
+    return known_when.apply(lambda _: name)
