@@ -389,6 +389,29 @@ class ControlPlane:
         )
         self._healthy("vc-controller-manager", health)
 
+    def start_default_scheduler(self) -> None:
+        """kube-scheduler, for tests whose objects need pods of the default scheduler to run
+        (a Deployment the Kubernetes provider waits for). Not started with the rest: the
+        harness's other tests schedule only through Volcano. Stopped by `stop`."""
+        self._run(
+            "kube-scheduler",
+            [
+                str(self.tools["kube-scheduler"]),
+                f"--kubeconfig={self.kubeconfig()}",
+                f"--authentication-kubeconfig={self.kubeconfig()}",
+                f"--authorization-kubeconfig={self.kubeconfig()}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                "--leader-elect=false",
+                "--v=1",
+            ],
+        )
+
+    def stop_default_scheduler(self) -> None:
+        process = self.processes.pop("kube-scheduler", None)
+        if process is not None:
+            process.stop()
+
     def restart_scheduler(self, conf: Mapping[str, Any]) -> None:
         """(Re)start Volcano's scheduler with `conf`, the platform's generated configuration."""
         if "vc-scheduler" in self.processes:

@@ -110,7 +110,13 @@ def new_project(
 
 
 def preview(
-    engine: Engine, project: Path, stack: str, pack: Path, config: Path, timeout: float = 300
+    engine: Engine,
+    project: Path,
+    stack: str,
+    pack: Path,
+    config: Path,
+    timeout: float = 300,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """`pulumi preview` of the project with the pack; the driver's result, and `log`."""
     argv = [sys.executable, "-m", "tests.e2e.policy_cli"]
@@ -118,7 +124,7 @@ def preview(
     repo = Path(__file__).resolve().parents[2]
     log = engine.root / "logs" / f"policy-{stack}.log"
     log.parent.mkdir(exist_ok=True)
-    env = engine.env() | {"PYTHONPATH": str(repo)}
+    env = engine.env() | {"PYTHONPATH": str(repo), **(env or {})}
     out = pulumi_engine._run(argv, env, repo, timeout, log)
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result | {"log": str(log)}
@@ -129,6 +135,9 @@ def preview(
 
 def _drive(project: Path, stack_name: str, pack: str, config: str) -> dict[str, Any]:
     def program() -> None:
+        # As the language host runs a program: from its directory (trainstack's finds the
+        # job specs there).
+        os.chdir(project)
         runpy.run_path(str(project / "__main__.py"), run_name="__main__")
 
     # An inline program in the project directory's workspace: what auto.select_stack builds

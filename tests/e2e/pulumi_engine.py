@@ -152,6 +152,7 @@ class Engine:
         *,
         expect_no_changes: bool = False,
         timeout: float = 300,
+        env: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """`pulumi up|preview|destroy` of `project`'s program: the driver's JSON result, and
         `log`, the file with what the CLI printed."""
@@ -162,7 +163,7 @@ class Engine:
         logs = self.root / "logs"  # the CLI's progress of each run, in order
         logs.mkdir(exist_ok=True)
         log = logs / f"{len(list(logs.iterdir())) + 1:02d}-{command}.log"
-        out = _run(argv, self.env() | {"PYTHONPATH": str(repo)}, repo, timeout, log)
+        out = _run(argv, self.env() | {"PYTHONPATH": str(repo), **(env or {})}, repo, timeout, log)
         result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
         return result | {"log": str(log)}
 
@@ -210,6 +211,9 @@ def _run(
 
 def _drive(project: Path, stack_name: str, command: str, expect_no_changes: bool) -> dict[str, Any]:
     def program() -> None:
+        # As the language host runs a program: from its directory (trainstack's finds the
+        # job specs there).
+        os.chdir(project)
         runpy.run_path(str(project / "__main__.py"), run_name="__main__")
 
     # An inline program (program and project_name given) whose workspace is the project

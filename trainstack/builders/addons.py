@@ -223,6 +223,11 @@ class Probe:
         return f"{self.namespace}/{self.name}" if self.namespace else self.name
 
     @property
+    def fields(self) -> tuple[str, ...]:
+        """The parts of the object its check reads (a ConfigMap has data, not spec)."""
+        return ("metadata", "data") if self.kind == "ConfigMap" else ("metadata", "spec")
+
+    @property
     def role(self) -> str:
         """The read's part in the resource name (kind and object, which are unique here)."""
         return f"{self.kind.lower()}-{self.name}"
@@ -248,13 +253,14 @@ def probes(cfg: PlatformConfig, key: str) -> list[Probe]:
         fullname = helm_fullname(release, addon.chart["chart"])
         name = work.name.format(release=release, fullname=fullname)
         container = work.container.format(release=release)
+        at = f"{work.kind} {namespace}/{name}"
         result.append(
             Probe(
                 "apps/v1",
                 work.kind,
                 name,
                 namespace,
-                lambda obj: _tag_problem(obj, key, container, work.tag),
+                lambda obj: _tag_problem(obj, key, at, container, work.tag),
             )
         )
     if key == "volcano":
@@ -290,9 +296,9 @@ def image_tag(image: str) -> str | None:
     return last.rsplit(":", 1)[1] if ":" in last else None
 
 
-def _tag_problem(obj: Mapping[str, Any], key: str, container: str, tag: str) -> str | None:
-    meta = obj.get("metadata") or {}
-    where = f"{obj.get('kind')} {meta.get('namespace')}/{meta.get('name')}"
+def _tag_problem(
+    obj: Mapping[str, Any], key: str, where: str, container: str, tag: str
+) -> str | None:
     containers = ((obj.get("spec") or {}).get("template") or {}).get("spec", {}).get(
         "containers"
     ) or []

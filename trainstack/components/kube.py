@@ -98,18 +98,20 @@ class PreInstalledAddon(pulumi.ComponentResource):
         self._stack = args.config.stack
         assert provider is not None, f"{name}: reads of a pre-installed add-on need a provider"
         for probe in a.probes(args.config, args.key):
+            # Only the parts this kind has: in a preview the SDK resolves a registered key the
+            # read did not return as unknown, and one unknown part would skip the check.
             read = pulumi.CustomResource(
                 resource_token(probe.api_version, probe.kind),
                 f"{name}-{probe.role}",
-                dict.fromkeys(READ_FIELDS),
+                dict.fromkeys(probe.fields),
                 pulumi.ResourceOptions(parent=self, provider=provider, id=probe.id),
             )
-            fields = [read.__dict__.get(f) for f in READ_FIELDS]  # outputs of the read
-            pulumi.Output.all(*fields).apply(functools.partial(self._check, probe))
+            parts = [read.__dict__[f] for f in probe.fields]  # the read's outputs
+            pulumi.Output.all(*parts).apply(functools.partial(self._check, probe))
         self.register_outputs({})
 
     def _check(self, probe: a.Probe, values: list[Any]) -> None:
-        obj = {k: v for k, v in zip(READ_FIELDS, values, strict=True) if v is not None}
+        obj = {k: v for k, v in zip(probe.fields, values, strict=True) if v is not None}
         if not obj:
             # Nothing was read: the offline preview's mocks (trainstack/preview/mocks.py).
             # A real read of a missing object fails in the engine before this runs, and one
@@ -120,8 +122,3 @@ class PreInstalledAddon(pulumi.ComponentResource):
             # Raised in an apply, it surfaces when the program ends (the SDK awaits every
             # output then): a RunError is printed as its message alone and fails the run.
             raise pulumi.RunError(f"stack {self._stack}: trainstack:platform.{problem}")
-
-
-# The parts of a read object the probes look at (a read returns the object's whole state;
-# these are the outputs the Python SDK exposes for a resource registered with these keys).
-READ_FIELDS = ("kind", "metadata", "spec", "data")
