@@ -62,7 +62,7 @@ def test_preview_writes_the_whole_plan(tmp_path: Path) -> None:
     aws = [r for r in plan["resources"] if r["type"].startswith("aws:")]
     files = tree(out)
     assert len([f for f in files if f.startswith("kubernetes/")]) == len(kube)
-    assert len([f for f in files if f.startswith("aws/")]) == len(aws)
+    assert len([f for f in files if f.startswith("aws/") and f.endswith(".json")]) == len(aws)
     assert len([f for f in files if f.startswith("helm/")]) == len(helm)
     assert {"nvidia-device-plugin", "volcano", "local-static-provisioner"} <= {
         r["inputs"]["name"] for r in helm
@@ -76,6 +76,26 @@ def test_preview_writes_the_whole_plan(tmp_path: Path) -> None:
     assert cluster["version"] == "1.33"
     assert plan["outputs"]["kubeconfig"] == "[secret]"
     assert "get-token" not in (out / "plan.json").read_text(), "secret leaked into the plan"
+
+
+def test_encoded_configuration_is_written_readable(tmp_path: Path) -> None:
+    """Node user data (base64, as EC2 takes it) beside its launch template, decoded; Volcano's
+    scheduler configuration (one string in the chart values) as a YAML block (issue 23 #6)."""
+    result = runner.invoke(
+        app, ["preview", "dev", "--out", str(tmp_path), "--project-dir", str(ROOT)]
+    )
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "dev"
+    templates = sorted((out / "aws/ec2.LaunchTemplate").glob("*.json"))
+    decoded = sorted((out / "aws/ec2.LaunchTemplate").glob("*.user-data.txt"))
+    with_data = [t for t in templates if "userData" in json.loads(t.read_text())]
+    assert with_data
+    assert [d.name.removesuffix(".user-data.txt") for d in decoded] == [t.stem for t in with_data]
+    assert decoded[0].read_text().startswith("MIME-Version: 1.0\n")
+    volcano = (out / "helm/volcano.yaml").read_text()
+    assert "    scheduler_config_override: |\n      actions: " in volcano
+    values = yaml.safe_load(volcano)["values"]["custom"]["scheduler_config_override"]
+    assert yaml.safe_load(values)["actions"].startswith("allocate")
 
 
 def test_preview_is_byte_identical_across_runs(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import shutil
 from collections import Counter
@@ -188,8 +190,36 @@ class Plan:
         return dict(sorted(counts.items()))
 
 
+class _ReadableDumper(yaml.SafeDumper):
+    """Multi-line strings as literal blocks: an embedded configuration (Volcano's scheduler
+    configuration in its chart values, a script) reads as itself, not as one escaped line."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_ReadableDumper.add_representer(str, _represent_str)
+
+
 def _dump_yaml(doc: Any) -> str:
-    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=100)
+    text: str = yaml.dump(
+        doc, Dumper=_ReadableDumper, sort_keys=False, default_flow_style=False, width=100
+    )
+    return text
+
+
+def decoded_user_data(inputs: dict[str, Any]) -> str | None:
+    """An EC2 launch template's user data as the node reads it (the plan holds it base64
+    encoded, as EC2 takes it), or None if it has none or it is not text."""
+    encoded = inputs.get("userData")
+    if not isinstance(encoded, str):
+        return None
+    try:
+        return base64.b64decode(encoded, validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
 
 
 def _short_type(resource_type: str) -> str:
@@ -233,8 +263,12 @@ def write_plan(plan: Plan, out_dir: Path) -> list[Path]:
         }
         write(out_dir / "helm" / f"{inputs.get('name', release.name)}.yaml", _dump_yaml(doc))
     for resource in plan.aws_resources():
+        folder = out_dir / "aws" / _short_type(resource.type)
         write(
-            out_dir / "aws" / _short_type(resource.type) / f"{resource.name}.json",
+            folder / f"{resource.name}.json",
             json.dumps(resource.inputs, indent=2, sort_keys=True) + "\n",
         )
+        user_data = decoded_user_data(resource.inputs)
+        if user_data is not None:  # beside it, decoded: what a reviewer reads
+            write(folder / f"{resource.name}.user-data.txt", user_data)
     return written
