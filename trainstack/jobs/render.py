@@ -239,7 +239,9 @@ def _env(spec: JobSpec, view: PlatformView, nproc: int) -> list[dict[str, str]]:
         contract.ENV_MAX_DURATION_S: str(spec.max_duration_seconds),
         contract.ENV_SHUTDOWN_TIMEOUT_S: str(max(spec.checkpoint.grace_seconds - 30, 10)),
         contract.ENV_NPROC_PER_NODE: str(nproc),
-        contract.ENV_VOLCANO_MASTER_TASK: MASTER,
+        # The runtime's node ranks: this task's pods first, then the workers (topology.py
+        # node_plan). Parameter-server jobs have no master task: their servers come first.
+        contract.ENV_VOLCANO_MASTER_TASK: MASTER if spec.mode == "dataParallel" else PS,
         contract.ENV_VOLCANO_WORKER_TASK: WORKER,
         "TRAINSTACK_JOB": spec.name,
         "TRAINSTACK_TEAM": spec.team,
