@@ -358,3 +358,19 @@ def test_every_variant_validates_against_the_volcano_crd(
     ]
     for manifest in variants:
         assert crd_errors(reference, normalise(manifest)) == []
+
+
+def test_torchs_watchdog_mode_is_not_overridden(example_plans: dict[str, Plan]) -> None:
+    """Issue 22 #8. `TORCH_NCCL_ASYNC_ERROR_HANDLING=1` aborts the communicators in the
+    watchdog, an abort known to hang (pytorch/pytorch#110723, which made 3 torch's default;
+    torch 2.13 include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp). No pool's profile
+    nor rendered job sets it: the runtime's supervisor passes torch's 3 to the workers."""
+    for name, plan in example_plans.items():
+        for pool in plan.outputs.get("gpuPools", []):
+            assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in pool["profile"]["env"], name
+            assert pool["profile"]["env"]["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1", name
+    prod = PlatformView(example_plans["prod"].outputs)
+    for path in (DEMO, PS):
+        manifest = job(load_job(path), prod)
+        for task in manifest["spec"]["tasks"]:
+            assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env(container(manifest, task["name"]))

@@ -33,8 +33,13 @@ OBSOLETE_EFA_ENV = frozenset(
         "NCCL_BUFFSIZE",
     }
 )
-# Both sides of a torch job benefit from these whatever the fabric.
-TORCH_NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+# Both sides of a torch job benefit from these whatever the fabric: a flight-recorder dump
+# when the watchdog times out (the runtime writes it to the checkpoint volume). Never
+# TORCH_NCCL_ASYNC_ERROR_HANDLING: 1 makes the watchdog abort the communicators, an abort
+# known to hang, which is why torch's default is 3, tear down without it (pytorch/pytorch
+# #110723; torch 2.13 include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp
+# ErrorHandlingMode). The runtime's supervisor passes 3 to its workers unless a job sets it.
+TORCH_NCCL_ENV = {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 # Verbs memory registration pins pages, which the kernel refuses beyond RLIMIT_MEMLOCK unless
 # the process has CAP_IPC_LOCK (torvalds/linux drivers/infiniband/core/umem.c ib_umem_get).
 # The NVIDIA Network Operator's examples add IPC_LOCK to root pods; trainstack's trainers run

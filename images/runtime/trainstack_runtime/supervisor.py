@@ -17,7 +17,9 @@ import argparse
 import logging
 import os
 import shutil
+import socket
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,9 @@ from .preflight import memlock_issue
 from .topology import NodePlan, TopologyError, node_plan
 
 log = logging.getLogger("trainstack.supervisor")
+FLIGHT_RECORDER_DIR = "flight-recorder"
+# torch reads the first, then the older name (c10d FlightRecorder.cpp, DebugInfoWriter::getWriter).
+FLIGHT_RECORDER_PREFIX_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 
 
 def supervise(config: LaunchConfig, argv: list[str], run_dir: Path) -> Outcome:
@@ -108,6 +113,27 @@ def write_termination_log(message: str) -> None:
         log.debug("termination log %s not written: %s", path, err)
 
 
+def checkpoint_root() -> Path:
+    return Path(os.environ.get(ENV_CHECKPOINT_DIR) or CHECKPOINT_DIR_DEFAULT)
+
+
+def flight_recorder_dumps(root: Path) -> None:
+    """Send the NCCL flight recorder's dumps to ``<checkpoint root>/flight-recorder/``.
+
+    torch writes them to ``<prefix><rank>``, by default under ``$HOME/.cache/torch`` in the
+    container, lost with it; the checkpoint volume outlives every restart. Each supervisor
+    start gets its own prefix (UTC time, host), so a later attempt never overwrites them.
+    A job that names its own location (either variable torch reads) keeps it.
+    """
+    if any(os.environ.get(name) for name in FLIGHT_RECORDER_PREFIX_ENV):
+        return
+    folder = root / FLIGHT_RECORDER_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    prefix = folder / f"{stamp}-{socket.gethostname()}-rank_"
+    os.environ[FLIGHT_RECORDER_PREFIX_ENV[0]] = str(prefix)
+
+
 def _deadline_watch() -> DeadlineWatch | None:
     """A watch on the job's maximum duration, if the job layer set one."""
     raw = os.environ.get(ENV_MAX_DURATION_S)
@@ -117,8 +143,7 @@ def _deadline_watch() -> DeadlineWatch | None:
         limit = float(raw)
     except ValueError as err:
         raise ConfigError(f"{ENV_MAX_DURATION_S}={raw!r} is not a number of seconds") from err
-    root = Path(os.environ.get(ENV_CHECKPOINT_DIR) or CHECKPOINT_DIR_DEFAULT)
-    return DeadlineWatch(job_start(root) + limit)
+    return DeadlineWatch(job_start(checkpoint_root()) + limit)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -176,8 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(run_dir / sub, ignore_errors=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     os.environ[ENV_RUN_DIR] = str(run_dir)
-    # Watchdog tears down without aborting so flight-recorder dumps survive (facts §9).
+    # torch's own default, 3: the watchdog tears down without aborting the communicators (an
+    # abort can hang, pytorch/pytorch#110723); the launcher would pass 1 to the workers
+    # where this is unset (torch/distributed/elastic/agent/server/local_elastic_agent.py).
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    flight_recorder_dumps(checkpoint_root())
     if max_restarts > 0:
         # In-pod restarts with the agent's shared TCPStore hang or fail to reconnect.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
