@@ -50,6 +50,7 @@ from .topology import NodePlan, TopologyError, node_plan
 
 log = logging.getLogger("trainstack.supervisor")
 FLIGHT_RECORDER_DIR = "flight-recorder"
+CGROUP = Path("/sys/fs/cgroup")
 # torch reads the first, then the older name (c10d FlightRecorder.cpp, DebugInfoWriter::getWriter).
 FLIGHT_RECORDER_PREFIX_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 
@@ -134,6 +135,45 @@ def flight_recorder_dumps(root: Path) -> None:
     os.environ[FLIGHT_RECORDER_PREFIX_ENV[0]] = str(prefix)
 
 
+def cpu_limit(cgroup: Path = CGROUP) -> float | None:
+    """This container's CPU limit (the CFS quota over its period), or None if it has none."""
+    try:
+        try:
+            quota, period = (cgroup / "cpu.max").read_text().split()  # cgroup v2
+        except FileNotFoundError:  # cgroup v1
+            quota = (cgroup / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (cgroup / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        return None if quota in ("max", "-1") else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def omp_threads(nproc: int, limit: float | None, cpus: int) -> int:
+    """Threads per worker: the pod's CPUs (its limit, else those it may run on) shared out.
+
+    torchrun sets 1 whenever a node runs several workers (torch/distributed/run.py
+    config_from_args); sharing the limit gives the same where CPUs are scarce and keeps
+    intra-op parallelism where a pod has many CPUs per worker.
+    """
+    available = cpus if limit is None else min(limit, cpus)
+    return max(1, int(available // nproc))
+
+
+def worker_environment(plan: NodePlan, max_restarts: int) -> None:
+    """What the launcher's workers inherit from this process's environment."""
+    # torch's own default, 3: the watchdog tears down without aborting the communicators (an
+    # abort can hang, pytorch/pytorch#110723); the launcher would pass 1 to the workers
+    # where this is unset (torch/distributed/elastic/agent/server/local_elastic_agent.py).
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    flight_recorder_dumps(checkpoint_root())
+    if not os.environ.get("OMP_NUM_THREADS"):
+        threads = omp_threads(plan.nproc_per_node, cpu_limit(), len(os.sched_getaffinity(0)))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    if max_restarts > 0:
+        # In-pod restarts with the agent's shared TCPStore hang or fail to reconnect.
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+
+
 def _deadline_watch() -> DeadlineWatch | None:
     """A watch on the job's maximum duration, if the job layer set one."""
     raw = os.environ.get(ENV_MAX_DURATION_S)
@@ -201,14 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(run_dir / sub, ignore_errors=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     os.environ[ENV_RUN_DIR] = str(run_dir)
-    # torch's own default, 3: the watchdog tears down without aborting the communicators (an
-    # abort can hang, pytorch/pytorch#110723); the launcher would pass 1 to the workers
-    # where this is unset (torch/distributed/elastic/agent/server/local_elastic_agent.py).
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
-    flight_recorder_dumps(checkpoint_root())
-    if max_restarts > 0:
-        # In-pod restarts with the agent's shared TCPStore hang or fail to reconnect.
-        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    worker_environment(plan, max_restarts)
 
     port = configured_port()
     if port >= 0:
