@@ -43,7 +43,7 @@ def container(manifest: dict[str, Any], task: str = "master") -> dict[str, Any]:
 
 
 def env(c: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in c["env"]}
+    return {e["name"]: e["value"] for e in c["env"] if "value" in e}
 
 
 def test_gang_queue_priority_and_plugins(view: PlatformView) -> None:
@@ -374,3 +374,19 @@ def test_torchs_watchdog_mode_is_not_overridden(example_plans: dict[str, Plan]) 
         manifest = job(load_job(path), prod)
         for task in manifest["spec"]["tasks"]:
             assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env(container(manifest, task["name"]))
+
+
+def test_the_deadline_is_keyed_to_the_job_instance(view: PlatformView) -> None:
+    """Issue 22 #10. The runtime's deadline marker lives in the checkpoint directory, which
+    belongs to the job's name and outlives the job: a job created again under its name died
+    at once. Every trainer gets the instance, Volcano's PodGroup name `<job>-<job uid>`
+    (v1.15.1 job_controller_util.go createJobPod), through the downward API."""
+    for path in (DEMO, PS):
+        manifest = job(load_job(path), view)
+        for task in manifest["spec"]["tasks"]:
+            entries = {e["name"]: e for e in container(manifest, task["name"])["env"]}
+            field = "metadata.annotations['scheduling.k8s.io/group-name']"
+            assert entries["TRAINSTACK_JOB_INSTANCE"] == {
+                "name": "TRAINSTACK_JOB_INSTANCE",
+                "valueFrom": {"fieldRef": {"fieldPath": field}},
+            }

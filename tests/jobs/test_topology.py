@@ -24,6 +24,7 @@ from trainstack.preview.plan import Plan
 SPECS = sorted((ROOT / "job_specs").glob("**/*.yaml"))
 DEMO = ROOT / "job_specs" / "vision" / "demo-train.yaml"
 PS = ROOT / "job_specs" / "vision" / "embeddings-ps.yaml"
+JOB_UID = "0c5e8a8e-7d4b-4f7e-9c51-2b1f6f1d9a10"
 
 
 def _replicas(spec: JobSpec, workers: int, gpus: int | None = None) -> JobSpec:
@@ -52,8 +53,9 @@ def _task_env(name: str) -> str:
 
 
 def volcano_env(manifest: dict[str, Any], task: dict[str, Any], index: int) -> dict[str, str]:
-    """The trainer's environment in pod `index` of `task`: the rendered values, then what
-    Volcano v1.15.1's job plugins add (docs: shared/reference/volcano/FACTS.md, section 1):
+    """The trainer's environment in pod `index` of `task`: the rendered values (the downward
+    API's from the annotations Volcano gives the pod), then what Volcano v1.15.1's job
+    plugins add (docs: shared/reference/volcano/FACTS.md, section 1):
     `env` (pkg/controllers/job/plugins/env: VC_TASK_INDEX, VK_TASK_INDEX), `svc`
     (plugins/svc: VC_<TASK>_HOSTS and VC_<TASK>_NUM for every task) and `pytorch`
     (plugins/distributed-framework/pytorch: MASTER_ADDR, MASTER_PORT, WORLD_SIZE counting the
@@ -61,7 +63,17 @@ def volcano_env(manifest: dict[str, Any], task: dict[str, Any], index: int) -> d
     job = manifest["metadata"]["name"]
     plugins = manifest["spec"]["plugins"]
     tasks = manifest["spec"]["tasks"]
-    env = {e["name"]: e["value"] for e in task["template"]["spec"]["containers"][0]["env"]}
+    annotations = {  # the job controller's (job_controller_util.go createJobPod)
+        "scheduling.k8s.io/group-name": f"{job}-{JOB_UID}",
+        "volcano.sh/task-index": str(index),
+    }
+    env: dict[str, str] = {}
+    for e in task["template"]["spec"]["containers"][0]["env"]:
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        else:  # the downward API, from the annotations
+            path = e["valueFrom"]["fieldRef"]["fieldPath"]
+            env[e["name"]] = annotations[path.removeprefix("metadata.annotations['")[:-2]]
     if "env" in plugins:
         env["VC_TASK_INDEX"] = env["VK_TASK_INDEX"] = str(index)
     if "svc" in plugins:

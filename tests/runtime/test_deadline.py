@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
+import pytest
 from trainstack_runtime.deadline import START_MARKER, DeadlineWatch, job_start
+
+from tests.runtime.harness import HAVE_TORCH, job_env
 
 
 def test_first_start_wins_and_survives_restarts(tmp_path: Path) -> None:
@@ -50,3 +55,34 @@ def test_stopped_watch_never_fires() -> None:
     watch._thread.join(5)
     assert not watch._thread.is_alive()
     assert not watch.fired.is_set()
+
+
+def test_each_job_instance_has_its_own_start(tmp_path: Path) -> None:
+    """Issue 22 #10: a job deleted and created again under the same name (a new Volcano Job
+    uid, the same checkpoint directory) is a new job with a new deadline."""
+    assert job_start(tmp_path, "demo-train-uid-1", now=lambda: 1000.0) == 1000.0
+    assert job_start(tmp_path, "demo-train-uid-2", now=lambda: 9000.0) == 9000.0
+    assert job_start(tmp_path, "demo-train-uid-1", now=lambda: 9500.0) == 1000.0  # a restart
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
+def test_a_recreated_job_starts_under_the_real_supervisor(tmp_path: Path) -> None:
+    """The first job runs into its maximum duration (exit 4); the job created again under
+    its name, with the same checkpoint directory, trains; a restart of the first stays out."""
+    script = tmp_path / "sleep.py"
+    script.write_text("import sys, time\ntime.sleep(float(sys.argv[1]))\n")
+
+    def run(instance: str, seconds: float) -> subprocess.CompletedProcess[str]:
+        env = job_env(tmp_path, TRAINSTACK_MAX_DURATION_S="3", TRAINSTACK_JOB_INSTANCE=instance)
+        cmd = [sys.executable, "-m", "trainstack_runtime.supervisor", "--nproc-per-node", "1",
+               "--shutdown-timeout", "5", str(script), "--", str(seconds)]  # fmt: skip
+        return subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=120, check=False
+        )  # fmt: skip
+
+    first = run("demo-train-3f1c", 60)
+    assert first.returncode == 4, first.stdout + first.stderr
+    again = run("demo-train-9a2e", 0)
+    assert again.returncode == 0, again.stdout + again.stderr
+    restarted = run("demo-train-3f1c", 0)
+    assert restarted.returncode == 4, restarted.stdout + restarted.stderr

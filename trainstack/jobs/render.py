@@ -394,7 +394,11 @@ def _pod(
         "image": spec.image,
         "command": _command(spec, nproc),
         "args": list(spec.args),
-        "env": [*_env(spec, view, nproc), {"name": "TRAINSTACK_ROLE", "value": role}],
+        "env": [
+            *_env(spec, view, nproc),
+            {"name": "TRAINSTACK_ROLE", "value": role},
+            copy.deepcopy(INSTANCE_ENV),
+        ],
         "resources": _resources(requests, limits),
         "ports": [{"name": "metrics", "containerPort": contract.HEALTH_PORT_DEFAULT}],
         "livenessProbe": {
@@ -446,6 +450,15 @@ def _pod(
     return {"metadata": metadata, "spec": pod_spec}
 
 
+# Volcano names each pod's PodGroup `<job>-<job uid>` in this annotation (v1.15.1
+# pkg/controllers/job/job_controller_util.go createJobPod): the job instance, which a job
+# deleted and created again under the same name does not share. The runtime keys the job's
+# deadline to it (trainstack_runtime/deadline.py).
+PODGROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+INSTANCE_ENV: dict[str, Any] = {
+    "name": contract.ENV_JOB_INSTANCE,
+    "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{PODGROUP_ANNOTATION}']"}},
+}
 TEAM_CHECKPOINTS = "/team-checkpoints"
 # Pod Security `restricted` (k8s.io/pod-security-admission v0.37.2 policy/
 # check_runAsNonRoot.go, check_runAsUser.go, check_seccompProfile_restricted.go,

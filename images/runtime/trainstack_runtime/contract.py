@@ -105,6 +105,7 @@ ENV_SHUTDOWN_TIMEOUT_S: Final = "TRAINSTACK_SHUTDOWN_TIMEOUT_S"
 ENV_VOLCANO_MASTER_TASK: Final = "TRAINSTACK_VOLCANO_MASTER_TASK"
 ENV_VOLCANO_WORKER_TASK: Final = "TRAINSTACK_VOLCANO_WORKER_TASK"
 ENV_MAX_DURATION_S: Final = "TRAINSTACK_MAX_DURATION_S"  # job deadline, across restarts
+ENV_JOB_INSTANCE: Final = "TRAINSTACK_JOB_INSTANCE"  # this job, not its name: keys the deadline
 ENV_FAULT: Final = "TRAINSTACK_FAULT"  # chaos testing only, see faults.py
 
 # --- Prometheus metrics served on /metrics (all gauges/counters carry a `rank` label) ----

@@ -5,11 +5,17 @@ pod. The first supervisor of a job writes its start time into the (shared, persi
 checkpoint directory; every later incarnation reads it. At the deadline the workers get
 SIGTERM (so they checkpoint) and the container exits DEADLINE_EXCEEDED, which the job
 layer maps to TerminateJob instead of a retry.
+
+The checkpoint directory belongs to the job's name and outlives the job, so the marker is
+keyed to the job instance (``TRAINSTACK_JOB_INSTANCE``; rendered jobs pass Volcano's
+PodGroup name, ``<job>-<job uid>``): a job deleted and created again under the same name
+counts from its own first start.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -19,10 +25,20 @@ from pathlib import Path
 START_MARKER = ".trainstack-job-start"
 
 
-def job_start(checkpoint_dir: Path, now: Callable[[], float] = time.time) -> float:
-    """The job's first start time; created atomically by whichever pod gets there first."""
+def start_marker(instance: str | None) -> str:
+    """The marker's file name for this job instance (the bare name if none is known)."""
+    if not instance:
+        return START_MARKER
+    return f"{START_MARKER}.{re.sub(r'[^A-Za-z0-9._-]', '_', instance)}"
+
+
+def job_start(
+    checkpoint_dir: Path, instance: str | None = None, now: Callable[[], float] = time.time
+) -> float:
+    """The job instance's first start time; created atomically by whichever pod gets there
+    first."""
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    marker = checkpoint_dir / START_MARKER
+    marker = checkpoint_dir / start_marker(instance)
     try:
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:

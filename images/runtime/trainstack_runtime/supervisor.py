@@ -32,6 +32,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from .contract import (
     CHECKPOINT_DIR_DEFAULT,
     ENV_CHECKPOINT_DIR,
+    ENV_JOB_INSTANCE,
     ENV_MAX_DURATION_S,
     ENV_MAX_RESTARTS,
     ENV_RUN_DIR,
@@ -183,7 +184,7 @@ def _deadline_watch() -> DeadlineWatch | None:
         limit = float(raw)
     except ValueError as err:
         raise ConfigError(f"{ENV_MAX_DURATION_S}={raw!r} is not a number of seconds") from err
-    return DeadlineWatch(job_start(checkpoint_root()) + limit)
+    return DeadlineWatch(job_start(checkpoint_root(), os.environ.get(ENV_JOB_INSTANCE)) + limit)
 
 
 def _env_int(name: str, default: int) -> int:
