@@ -175,6 +175,33 @@ def worker_environment(plan: NodePlan, max_restarts: int) -> None:
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
 
 
+def prepare_pod(plan: NodePlan, max_restarts: int) -> Path:
+    """The run directory, the workers' environment and the health server; the run dir."""
+    run_dir = Path(os.environ.get(ENV_RUN_DIR) or RUN_DIR_DEFAULT)
+    for sub in ("progress", "exit"):
+        shutil.rmtree(run_dir / sub, ignore_errors=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.environ[ENV_RUN_DIR] = str(run_dir)
+    worker_environment(plan, max_restarts)
+    port = configured_port()
+    if port >= 0:
+        try:
+            server = serve(port, progress_dir(run_dir), HealthPolicy.from_env())
+        except OSError as err:
+            raise OSError(err.errno, f"health port {port}: {err.strerror}") from err
+        bound = server.server_address[1]
+        (run_dir / "health.port").write_text(f"{bound}\n")
+        log.info("health and metrics on :%d", bound)
+    return run_dir
+
+
+def refuse(outcome: Outcome) -> int:
+    """Stop before launching any worker, with a verdict."""
+    log.error("%s", outcome.cause)
+    write_termination_log(outcome.termination_message())
+    return int(outcome.code)
+
+
 def _deadline_watch() -> DeadlineWatch | None:
     """A watch on the job's maximum duration, if the job layer set one."""
     raw = os.environ.get(ENV_MAX_DURATION_S)
@@ -231,25 +258,13 @@ def main(argv: list[str] | None = None) -> int:
         watch = _deadline_watch()
         if issue := memlock_issue(os.environ):
             raise ConfigError(issue)
+        run_dir = prepare_pod(plan, max_restarts)
     except (ConfigError, TopologyError) as err:
-        outcome = Outcome(ExitCode.CONFIG_ERROR, cause=str(err))
-        log.error("%s", err)
-        write_termination_log(outcome.termination_message())
-        return int(outcome.code)
-
-    run_dir = Path(os.environ.get(ENV_RUN_DIR) or RUN_DIR_DEFAULT)
-    for sub in ("progress", "exit"):
-        shutil.rmtree(run_dir / sub, ignore_errors=True)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    os.environ[ENV_RUN_DIR] = str(run_dir)
-    worker_environment(plan, max_restarts)
-
-    port = configured_port()
-    if port >= 0:
-        server = serve(port, progress_dir(run_dir), HealthPolicy.from_env())
-        bound = server.server_address[1]
-        (run_dir / "health.port").write_text(f"{bound}\n")
-        log.info("health and metrics on :%d", bound)
+        return refuse(Outcome(ExitCode.CONFIG_ERROR, cause=str(err)))
+    except OSError as err:
+        # The checkpoint volume, the run directory or the health port: the pod's storage or
+        # node, which a new pod may not share; retried, not an abort as a traceback (1) was.
+        return refuse(Outcome(ExitCode.STORAGE, cause=f"before launch: {err}"))
 
     config = launch_config(plan, max_restarts=max_restarts, shutdown_timeout=shutdown)
     log.info(
