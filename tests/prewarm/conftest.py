@@ -24,7 +24,15 @@ from trainstack_prewarm.fetch import Fetcher, FetchOptions
 from trainstack_prewarm.limits import SourceLimiter
 from trainstack_prewarm.log import JsonLog
 from trainstack_prewarm.retry import RetryPolicy
-from trainstack_prewarm.sources import RemoteFile, S3Source, Sink, Source, make_s3_client
+from trainstack_prewarm.sources import (
+    ListPage,
+    LocalCheck,
+    RemoteFile,
+    S3Source,
+    Sink,
+    Source,
+    make_s3_client,
+)
 
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -168,8 +176,15 @@ class S3Faults:
         self._corrupt[key] = times
 
     def gets(self, key: str | None = None) -> list[str]:
+        """GETs of ``key`` (default: all, except the probe for the producer's index)."""
         with self._lock:
-            return [k for op, k in self.requests if op == "GetObject" and key in (None, k)]
+            return [
+                k
+                for op, k in self.requests
+                if op == "GetObject"
+                and key in (None, k)
+                and (key is not None or not k.endswith("/MANIFEST.jsonl"))
+            ]
 
     @staticmethod
     def _key(url: str) -> str:
@@ -224,8 +239,21 @@ class InstrumentedSource:
         self.limit_key = inner.limit_key
         self.state = state or InFlight(gate_at)
 
-    def list_files(self) -> list[RemoteFile]:
-        return self.inner.list_files()
+    def list_page(self, token: str | None) -> ListPage:
+        return self.inner.list_page(token)
+
+    def read_index(self) -> list[RemoteFile] | None:
+        return self.inner.read_index()
+
+    def transfer_range(self, f: RemoteFile, start: int, end: int, sink: Sink) -> None:
+        self.state.enter()
+        try:
+            self.inner.transfer_range(f, start, end, sink)
+        finally:
+            self.state.leave()
+
+    def local_check(self, f: RemoteFile) -> LocalCheck:
+        return self.inner.local_check(f)
 
     def read_small(self, path: str, max_bytes: int) -> bytes | None:
         return self.inner.read_small(path, max_bytes)
@@ -326,6 +354,10 @@ def make_fetcher(
     seed: int,
     limiter: SourceLimiter | None = None,
     lock_timeout: float = FetchOptions.lock_timeout_s,
+    deep_check: bool = False,
+    file_rounds: int = 0,
+    part_size: int = FetchOptions.part_size,
+    ranged_threshold: int = FetchOptions.ranged_threshold,
 ) -> Fetcher:
     """A Fetcher into `tmp_path/cache` on the fake clock, logging to `logs`."""
     return Fetcher(
@@ -333,7 +365,17 @@ def make_fetcher(
         tmp_path / "cache",
         dataset,
         version,
-        options=FetchOptions(concurrency=concurrency, retry=retry, lock_timeout_s=lock_timeout),
+        # No start jitter and no later rounds unless a test asks: sleeps stay exact.
+        options=FetchOptions(
+            concurrency=concurrency,
+            retry=retry,
+            lock_timeout_s=lock_timeout,
+            start_jitter_s=0.0,
+            deep_check=deep_check,
+            file_rounds=file_rounds,
+            part_size=part_size,
+            ranged_threshold=ranged_threshold,
+        ),
         limiter=limiter,
         log=logs,
         sleep=fake_time.sleep,

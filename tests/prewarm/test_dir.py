@@ -47,7 +47,12 @@ def _run(
         tmp_path / "cache",
         "laion",
         "2026-11-01",
-        options=FetchOptions(concurrency=concurrency, retry=RetryPolicy(attempts, 0.5, 5.0)),
+        options=FetchOptions(
+            concurrency=concurrency,
+            retry=RetryPolicy(attempts, 0.5, 5.0),
+            start_jitter_s=0.0,
+            file_rounds=0,
+        ),
         log=logs,
         sleep=fake_time.sleep,
         clock=fake_time.clock,

@@ -41,11 +41,12 @@ def _fetcher(
     *,
     concurrency: int = 1,
     lock_timeout: float = 60.0,
+    deep_check: bool = False,
 ) -> Fetcher:
     return make_fetcher(
         source, tmp_path, fake_time, logs, dataset="wiki", version="v7",
         concurrency=concurrency, retry=RetryPolicy(3, 0.1, 1.0), seed=5,
-        lock_timeout=lock_timeout,
+        lock_timeout=lock_timeout, deep_check=deep_check,
     )  # fmt: skip
 
 
@@ -125,7 +126,8 @@ def test_corrupted_complete_cache_closes_the_gate_and_is_repaired(
     cache.verify(vdir, deep=False)  # sizes alone cannot see it: why deep is the default
 
     source, faults = s3_source(s3_server, bucket, PREFIX)
-    result = _fetcher(source, tmp_path, fake_time, logs).run()
+    assert _fetcher(source, tmp_path, fake_time, logs).run().already_complete  # sizes match
+    result = _fetcher(source, tmp_path, fake_time, logs, deep_check=True).run()
 
     assert "sha256 mismatch" in logs.events("marker_invalid")[0]["reason"]
     assert faults.gets() == [f"{PREFIX}/{victim}"]

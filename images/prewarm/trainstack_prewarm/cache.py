@@ -5,8 +5,14 @@ Layout of one dataset version (``<cache>/<dataset>/<version>/``)::
     <files of the dataset, at their relative paths>
     .complete            completion manifest: JSON, written last and atomically
     .prewarm/lock        flock: one fetcher per dataset version per node
+    .prewarm/hold        flock: shared by every reader of the version, exclusive for a repair
+                         or an eviction; its mtime is the version's last use (LRU)
     .prewarm/journal     JSON lines: files already copied and verified (for resumption)
     .prewarm/tmp/*.part  files being written; renamed into place only once verified
+    .prewarm/tmp/*.parts JSON lines: the finished ranges of a large object's .part (resumption)
+
+A node-level cache holds many versions side by side (``<cache>/<dataset>/<version>/``); every
+pod that reads one holds it, and eviction removes only versions nobody holds.
 
 A file reaches its final name only by an atomic rename after its bytes were fsynced and
 checked, so a final name never holds a torn copy; ``.complete`` exists only when every file
@@ -22,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +47,7 @@ MARKER = ".complete"
 STATE_DIR = ".prewarm"
 JOURNAL = "journal"
 LOCK = "lock"
+HOLD = "hold"
 TMP_DIR = "tmp"
 MARKER_FORMAT = 1
 RESERVED_TOP_LEVEL = frozenset({MARKER, STATE_DIR})
@@ -58,7 +66,7 @@ def version_dir(cache_root: Path, dataset: str, version: str) -> Path:
     return cache_root / check_name("dataset", dataset) / check_name("version", version)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileRecord:
     path: str
     size: int
@@ -105,7 +113,7 @@ def hash_file(path: Path) -> tuple[int, str]:
 
 def write_marker(vdir: Path, marker: Marker) -> None:
     """Write ``.complete`` atomically: temp file, fsync, rename, fsync the directory."""
-    body = {
+    head = {
         "format": MARKER_FORMAT,
         "dataset": marker.dataset,
         "version": marker.version,
@@ -113,13 +121,15 @@ def write_marker(vdir: Path, marker: Marker) -> None:
         "file_count": len(marker.files),
         "total_bytes": marker.total_bytes,
         "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "files": [asdict(f) for f in marker.files],
     }
     tmp = vdir / STATE_DIR / (MARKER + ".tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(body, fh, indent=1)
-            fh.write("\n")
+            # One record at a time: a million files never become a million dicts at once.
+            fh.write(json.dumps(head, indent=1)[:-2] + ',\n "files": [')
+            for n, rec in enumerate(marker.files):
+                fh.write(("\n  " if n == 0 else ",\n  ") + json.dumps(asdict(rec)))
+            fh.write("\n ]\n}\n")
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, vdir / MARKER)
@@ -271,6 +281,74 @@ class Journal:
                 raise local_error(exc, f"append {self.path}") from exc
 
 
+def _open_lock_file(path: Path, *, read_only_ok: bool = False) -> int:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        if read_only_ok and exc.errno in {errno.EROFS, errno.EACCES, errno.EPERM}:
+            # A reader's read-only mount: flock works on a read-only descriptor too.
+            with contextlib.suppress(OSError):
+                return os.open(path, os.O_RDONLY)
+        raise local_error(exc, f"open lock {path}") from exc
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is still the file at ``path`` (an evictor may have deleted it meanwhile)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+@contextlib.contextmanager
+def _flock(
+    path: Path,
+    *,
+    exclusive: bool,
+    timeout_s: float,
+    sleep: Callable[[float], object],
+    clock: Callable[[], float],
+    on_wait: Callable[[], None],
+    poll_s: float = 1.0,
+    what: str = "another fetcher",
+) -> Iterator[int]:
+    deadline = clock() + timeout_s
+    waited = False
+    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    while True:
+        if exclusive:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise local_error(exc, f"create {path.parent}") from exc
+        elif not path.parent.is_dir():
+            raise IncompleteCacheError(f"{path.parent.parent}: no such cached version")
+        fd = _open_lock_file(path, read_only_ok=not exclusive)
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if not waited:
+                on_wait()
+                waited = True
+            remaining = deadline - clock()
+            if remaining <= 0:
+                raise LockTimeoutError(
+                    f"{path}: {what} held the lock for over {timeout_s:g}s"
+                ) from None
+            sleep(min(poll_s, remaining))
+            continue
+        if _same_file(fd, path):
+            break
+        os.close(fd)  # locked a file an evictor unlinked: lock the new one instead
+    try:
+        yield fd
+    finally:
+        os.close(fd)  # closing drops the flock
+
+
 @contextlib.contextmanager
 def version_lock(
     path: Path,
@@ -285,27 +363,154 @@ def version_lock(
 
     The second one waits, then usually finds the marker written and returns at once.
     """
+    with _flock(
+        path,
+        exclusive=True,
+        timeout_s=timeout_s,
+        sleep=sleep,
+        clock=clock,
+        on_wait=on_wait,
+        poll_s=poll_s,
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def hold(
+    vdir: Path,
+    *,
+    shared: bool = True,
+    timeout_s: float = 0.0,
+    sleep: Callable[[float], object] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    on_wait: Callable[[], None] = lambda: None,
+) -> Iterator[int]:
+    """Hold a version: shared by readers, exclusive to change or evict it. Yields the fd.
+
+    A reader's hold marks the version used now (the hold file's mtime orders eviction). The
+    flock belongs to the open file, so a process that ``exec``s with the fd inheritable keeps
+    holding the version until it exits (``verify --hold -- CMD``).
+    """
+    path = vdir / STATE_DIR / HOLD
+    with _flock(
+        path,
+        exclusive=not shared,
+        timeout_s=timeout_s,
+        sleep=sleep,
+        clock=clock,
+        on_wait=on_wait,
+        what="a reader" if not shared else "a repair or eviction",
+    ) as fd:
+        if shared:
+            touch_last_used(vdir)
+        yield fd
+
+
+def _try_flock(path: Path) -> int | None:
+    """An exclusive flock on ``path`` without waiting, or None when someone has it."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise local_error(exc, f"open lock {path}") from exc
+    except OSError:
+        return None
     try:
-        deadline = clock() + timeout_s
-        waited = False
-        while True:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    if not _same_file(fd, path):
+        os.close(fd)
+        return None
+    return fd
+
+
+def touch_last_used(vdir: Path) -> None:
+    """Record a use of the version (the hold file's mtime) where the mount is writable."""
+    path = vdir / STATE_DIR / HOLD
+    with contextlib.suppress(OSError):
+        path.touch()
+
+
+def last_used(vdir: Path) -> float:
+    """When the version was last held by a reader (else written): the LRU order."""
+    for path in (vdir / STATE_DIR / HOLD, vdir / MARKER, vdir):
+        with contextlib.suppress(OSError):
+            return path.stat().st_mtime
+    return 0.0
+
+
+def version_dirs(cache_root: Path) -> list[Path]:
+    """Every ``<dataset>/<version>`` directory under a cache root."""
+    out: list[Path] = []
+    try:
+        datasets = sorted(p for p in cache_root.iterdir() if p.is_dir())
+    except OSError:
+        return out
+    for ds in datasets:
+        with contextlib.suppress(OSError):
+            out.extend(sorted(p for p in ds.iterdir() if p.is_dir()))
+    return out
+
+
+def disk_bytes(vdir: Path) -> int:
+    """Bytes the version occupies (allocated blocks, temp files included)."""
+    total = 0
+    for dirpath, _dirs, names in os.walk(vdir):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+def evict(
+    cache_root: Path,
+    *,
+    high_water: int | None = None,
+    free_at_least: int | None = None,
+    keep: set[Path] | frozenset[Path] = frozenset(),
+    usage: Callable[[Path], int] = disk_bytes,
+    free: Callable[[Path], int] = lambda p: shutil.disk_usage(p).free,
+    on_evict: Callable[[Path, int], None] = lambda _p, _b: None,
+) -> list[Path]:
+    """Remove versions nobody holds, least recently used first, until the cache is back under
+    ``high_water`` bytes (and/or the volume has ``free_at_least`` bytes free).
+
+    A version is skipped while a reader holds it (shared ``hold``) or a fetcher fills it
+    (``lock``); while it is removed the evictor holds both exclusively, and the marker goes
+    first so a gate never passes on a half-removed version. Returns the removed directories.
+    """
+    sizes = {v: usage(v) for v in version_dirs(cache_root)}
+
+    def satisfied() -> bool:
+        ok = True
+        if high_water is not None:
+            ok = ok and sum(sizes.values()) <= high_water
+        if free_at_least is not None:
+            ok = ok and free(cache_root) >= free_at_least
+        return ok
+
+    removed: list[Path] = []
+    for vdir in sorted(sizes, key=last_used):
+        if satisfied():
+            break
+        if vdir in keep:
+            continue
+        lock_fd = _try_flock(vdir / STATE_DIR / LOCK) if (vdir / STATE_DIR).is_dir() else None
+        if lock_fd is None and (vdir / STATE_DIR).is_dir():
+            continue  # a fetcher is filling it
+        try:
+            hold_fd = _try_flock(vdir / STATE_DIR / HOLD) if lock_fd is not None else None
+            if lock_fd is not None and hold_fd is None:
+                continue  # a reader holds it
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not waited:
-                    on_wait()
-                    waited = True
-                remaining = deadline - clock()
-                if remaining <= 0:
-                    raise LockTimeoutError(
-                        f"{path}: another fetcher held the lock for over {timeout_s:g}s"
-                    ) from None
-                sleep(min(poll_s, remaining))
-        yield
-    finally:
-        os.close(fd)  # closing drops the flock
+                with contextlib.suppress(OSError, LocalCacheError):
+                    remove_marker(vdir)
+                shutil.rmtree(vdir, ignore_errors=True)
+            finally:
+                if hold_fd is not None:
+                    os.close(hold_fd)
+        finally:
+            if lock_fd is not None:
+                os.close(lock_fd)
+        on_evict(vdir, sizes.pop(vdir))
+        removed.append(vdir)
+    return removed

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -15,8 +16,20 @@ from pathlib import Path
 
 from trainstack_prewarm import cache
 from trainstack_prewarm.errors import ExitCode, IncompleteCacheError, PrewarmError, UsageError
-from trainstack_prewarm.fetch import Fetcher, FetchOptions
-from trainstack_prewarm.limits import SourceLimiter
+from trainstack_prewarm.fetch import (
+    DEFAULT_FILE_ROUNDS,
+    DEFAULT_PART_SIZE,
+    DEFAULT_RANGED_THRESHOLD,
+    DEFAULT_START_JITTER_S,
+    Fetcher,
+    FetchOptions,
+)
+from trainstack_prewarm.limits import (
+    DEFAULT_MAX_RATE,
+    DEFAULT_RETRY_BUDGET,
+    RateOptions,
+    SourceLimiter,
+)
 from trainstack_prewarm.log import JsonLog
 from trainstack_prewarm.retry import RetryPolicy
 from trainstack_prewarm.sources import make_s3_client, open_source
@@ -38,6 +51,19 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _size(text: str) -> int:
+    """Bytes, with an optional K/M/G/T suffix (powers of 1024)."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    number, unit = text.rstrip("KMGTkmgtiIbB"), text[len(text.rstrip("KMGTkmgtiIbB")) :]
+    try:
+        value = int(float(number) * units[unit.upper()[:1]])
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 byte, got {text}")
+    return value
+
+
 def _add_target(p: argparse.ArgumentParser, *, allow_dir: bool) -> None:
     p.add_argument(
         "--cache",
@@ -53,11 +79,14 @@ def _add_target(p: argparse.ArgumentParser, *, allow_dir: bool) -> None:
             type=Path,
             help="the version directory itself (instead of --cache/--dataset/--version)",
         )
-    p.add_argument(
-        "--quick",
+    depth = p.add_mutually_exclusive_group()
+    depth.add_argument(
+        "--deep",
         action="store_true",
-        help="check presence and sizes only, not sha256 (faster, weaker)",
+        help="re-hash every file against the marker (default: trust the marker and sizes; "
+        "fetch hashed every byte before writing it)",
     )
+    depth.add_argument("--quick", action="store_true", help="sizes only (the default)")
     p.add_argument("--workers", type=_positive_int, default=8, help="hashing threads")
 
 
@@ -67,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Copy a dataset version from S3 or a Lustre mount onto the node's NVMe "
         "cache, and gate training on the cache being complete.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="subcommand", required=True)
 
     fetch = sub.add_parser("fetch", help="fill the cache (init container)")
     fetch.add_argument("--source", required=True, help="s3://bucket/prefix or /mnt/lustre/path")
@@ -98,16 +127,59 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument(
         "--start-jitter",
         type=_non_negative,
-        default=0.0,
+        default=DEFAULT_START_JITTER_S,
         metavar="SECONDS",
-        help="sleep uniformly in [0, SECONDS] before the first request",
+        help="sleep uniformly in [0, SECONDS] before the first request (default %(default)s)",
+    )
+    fetch.add_argument(
+        "--max-request-rate",
+        type=_non_negative,
+        default=DEFAULT_MAX_RATE,
+        metavar="PER_SECOND",
+        help="requests/s per source from this node; halves on throttling and grows back "
+        "slowly (default %(default)s; 0: off, botocore's adaptive mode paces instead)",
+    )
+    fetch.add_argument(
+        "--retry-budget",
+        type=_non_negative,
+        default=DEFAULT_RETRY_BUDGET,
+        metavar="N",
+        help="retries shared by all workers, refilled 0.1 per success (default %(default)s)",
+    )
+    fetch.add_argument(
+        "--file-rounds",
+        type=int,
+        default=DEFAULT_FILE_ROUNDS,
+        metavar="N",
+        help="later rounds for files that failed transiently (default %(default)s)",
+    )
+    fetch.add_argument(
+        "--part-size",
+        type=_size,
+        default=DEFAULT_PART_SIZE,
+        metavar="BYTES",
+        help="ranged part size for large objects (default 64M)",
+    )
+    fetch.add_argument(
+        "--ranged-threshold",
+        type=_size,
+        default=DEFAULT_RANGED_THRESHOLD,
+        metavar="BYTES",
+        help="objects at least this large are fetched in parallel ranged parts (default 128M)",
+    )
+    fetch.add_argument(
+        "--no-evict",
+        action="store_true",
+        help="never evict other versions to make room (default: LRU versions no pod holds)",
     )
     fetch.add_argument("--progress-interval", type=_non_negative, default=10.0, metavar="SECONDS")
-    fetch.add_argument(
-        "--quick",
+    depth = fetch.add_mutually_exclusive_group()
+    depth.add_argument(
+        "--deep",
         action="store_true",
-        help="trust an existing cache on sizes alone (default: sha256)",
+        help="re-hash a complete cache before trusting it (default: marker and sizes)",
     )
+    depth.add_argument("--quick", action="store_true", help="marker and sizes (the default)")
     fetch.add_argument(
         "--endpoint-url",
         default=None,
@@ -117,6 +189,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify = sub.add_parser("verify", help="exit 0 only if the cache is complete (gate)")
     _add_target(verify, allow_dir=True)
+    verify.add_argument(
+        "--hold-timeout",
+        type=_non_negative,
+        default=3600.0,
+        metavar="SECONDS",
+        help="with a command: wait this long while a repair or eviction has the version",
+    )
+    verify.add_argument(
+        "command",
+        nargs="*",
+        metavar="-- CMD",
+        help="hold the version (shared) and exec CMD: eviction and repairs leave it alone "
+        "until CMD exits",
+    )
+
+    evict = sub.add_parser("evict", help="remove versions no pod holds, least recently used first")
+    evict.add_argument("--cache", default=os.environ.get("TRAINSTACK_CACHE_ROOT", DEFAULT_CACHE))
+    evict.add_argument(
+        "--high-water",
+        required=True,
+        metavar="BYTES|PCT%",
+        help="evict until the cache's versions occupy at most this (bytes, K/M/G/T, or a "
+        "percentage of the volume)",
+    )
 
     wait = sub.add_parser("wait", help="poll until the cache is complete, then verify it")
     _add_target(wait, allow_dir=True)
@@ -137,12 +233,16 @@ def _target_dir(args: argparse.Namespace) -> Path:
 
 def _fetch(args: argparse.Namespace, log: JsonLog) -> int:
     retry = RetryPolicy(args.max_attempts, args.base_backoff, args.max_backoff)
+    if args.file_rounds < 0:
+        raise UsageError("--file-rounds must be >= 0")
+    rate_limited = args.max_request_rate > 0
     source = open_source(
         args.source,
         s3_client_factory=lambda: make_s3_client(
             endpoint_url=args.endpoint_url,
             region=args.region,
             max_connections=max(10, args.concurrency + 2),
+            adaptive=not rate_limited,
         ),
     )
     options = FetchOptions(
@@ -151,7 +251,15 @@ def _fetch(args: argparse.Namespace, log: JsonLog) -> int:
         lock_timeout_s=args.lock_timeout,
         start_jitter_s=args.start_jitter,
         progress_interval_s=args.progress_interval,
-        deep_check=not args.quick,
+        deep_check=args.deep,
+        file_rounds=args.file_rounds,
+        part_size=args.part_size,
+        ranged_threshold=args.ranged_threshold,
+        evict=not args.no_evict,
+    )
+    rate = RateOptions(
+        max_rate=args.max_request_rate if rate_limited else None,
+        retry_budget=args.retry_budget,
     )
     Fetcher(
         source,
@@ -159,24 +267,81 @@ def _fetch(args: argparse.Namespace, log: JsonLog) -> int:
         args.dataset,
         args.version,
         options=options,
-        limiter=SourceLimiter(args.concurrency),
+        limiter=SourceLimiter(args.concurrency, rate=rate),
         log=log,
     ).run()
     return ExitCode.OK
 
 
-def _verify(args: argparse.Namespace, log: JsonLog) -> int:
-    vdir = _target_dir(args)
+def _check(args: argparse.Namespace, log: JsonLog, vdir: Path) -> None:
     marker = cache.verify(
-        vdir, deep=not args.quick, workers=args.workers, dataset=args.dataset, version=args.version
+        vdir, deep=args.deep, workers=args.workers, dataset=args.dataset, version=args.version
     )
     log(
         "verified",
         cache=str(vdir),
         files=len(marker.files),
         bytes=marker.total_bytes,
-        deep=not args.quick,
+        deep=args.deep,
     )
+
+
+def _verify(
+    args: argparse.Namespace,
+    log: JsonLog,
+    sleep: Callable[[float], object],
+    clock: Callable[[], float],
+    execvp: Callable[[str, list[str]], object],
+) -> int:
+    vdir = _target_dir(args)
+    command = list(getattr(args, "command", None) or [])
+    if not command:
+        _check(args, log, vdir)
+        return ExitCode.OK
+    # Hold first, then check: a repair or eviction cannot start between the check and CMD.
+    with cache.hold(
+        vdir,
+        timeout_s=args.hold_timeout,
+        sleep=sleep,
+        clock=clock,
+        on_wait=lambda: log("hold_wait", cache=str(vdir)),
+    ) as fd:
+        _check(args, log, vdir)
+        log("holding", cache=str(vdir), command=command[0])
+        os.set_inheritable(fd, True)  # the flock lives as long as CMD's copy of the fd
+        execvp(command[0], command)
+    return ExitCode.OK  # only reached with a test's execvp
+
+
+def _parse_high_water(text: str, cache_root: Path) -> int:
+    if text.endswith("%"):
+        try:
+            pct = float(text[:-1])
+        except ValueError:
+            raise UsageError(f"--high-water {text!r}: not a percentage") from None
+        if not 0 <= pct <= 100:
+            raise UsageError(f"--high-water {text!r}: must be 0-100%")
+        try:
+            total = shutil.disk_usage(cache_root).total
+        except OSError as exc:
+            raise cache.local_error(exc, f"stat {cache_root}") from exc
+        return int(total * pct / 100)
+    try:
+        return _size(text)
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"--high-water: {exc}") from None
+
+
+def _evict(args: argparse.Namespace, log: JsonLog) -> int:
+    root = Path(args.cache)
+    high_water = _parse_high_water(args.high_water, root)
+    evicted = cache.evict(
+        root,
+        high_water=high_water,
+        on_evict=lambda vdir, size: log("evicted", cache=str(vdir), bytes=size),
+    )
+    left = sum(cache.disk_bytes(v) for v in cache.version_dirs(root))
+    log("evict_done", evicted=len(evicted), bytes=left, high_water=high_water)
     return ExitCode.OK
 
 
@@ -193,7 +358,8 @@ def _wait(
             raise IncompleteCacheError(f"{vdir}: no {cache.MARKER} after {args.timeout:g}s")
         log("waiting", cache=str(vdir))
         sleep(args.interval)
-    return _verify(args, log)
+    _check(args, log, vdir)
+    return ExitCode.OK
 
 
 def main(
@@ -202,19 +368,22 @@ def main(
     log: JsonLog | None = None,
     sleep: Callable[[float], object] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    execvp: Callable[[str, list[str]], object] = os.execvp,
 ) -> int:
     args = build_parser().parse_args(argv)
     log = log or JsonLog()
     try:
-        if args.command == "fetch":
+        if args.subcommand == "fetch":
             return _fetch(args, log)
-        if args.command == "verify":
-            return _verify(args, log)
+        if args.subcommand == "verify":
+            return _verify(args, log, sleep, clock, execvp)
+        if args.subcommand == "evict":
+            return _evict(args, log)
         return _wait(args, log, sleep, clock)
     except PrewarmError as exc:
         log(
             "error",
-            command=args.command,
+            command=args.subcommand,
             kind=type(exc).__name__,
             error=exc.message,
             exit_code=int(exc.exit_code),
@@ -223,7 +392,7 @@ def main(
     except Exception as exc:
         log(
             "error",
-            command=args.command,
+            command=args.subcommand,
             kind="internal",
             error=repr(exc),
             exit_code=int(ExitCode.INTERNAL),

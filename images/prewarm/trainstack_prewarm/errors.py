@@ -49,6 +49,10 @@ class TransientError(PrewarmError):
     exit_code = ExitCode.RETRIES_EXHAUSTED
 
 
+class ThrottledError(TransientError):
+    """The source asked us to slow down (SlowDown, 503, 429): the node's request rate halves."""
+
+
 class IntegrityError(TransientError):
     """Copied bytes do not match the source's size or checksum.
 

@@ -48,12 +48,15 @@ def call_with_retry(
     sleep: Callable[[float], object],
     rng: random.Random,
     on_retry: Callable[[int, float, TransientError], None],
+    budget: Callable[[], bool] | None = None,
 ) -> T:
     """Call ``fn(attempt)`` until it returns, retrying only :class:`TransientError`.
 
     Any other exception (a non-retryable source error, a local disk error, a bug) propagates at
     once. When the attempts run out the last transient error is re-raised, its message naming
     the attempt count; its class keeps its exit code (integrity vs. retries exhausted).
+    ``budget`` is asked before every retry (the source's shared :class:`RetryBudget`); when it
+    says no, the error is re-raised at once so the caller can defer the work.
     """
     attempt = 1
     while True:
@@ -62,6 +65,10 @@ def call_with_retry(
         except TransientError as exc:
             if attempt >= policy.max_attempts:
                 exc.message = f"{exc.message} (gave up after {attempt} attempts)"
+                exc.args = (exc.message,)
+                raise
+            if budget is not None and not budget():
+                exc.message = f"{exc.message} (retry budget exhausted after {attempt} attempts)"
                 exc.args = (exc.message,)
                 raise
             delay = policy.backoff(attempt, rng)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO, Protocol
@@ -36,22 +37,27 @@ from trainstack_prewarm.errors import (
     IntegrityError,
     PrewarmError,
     SourceError,
+    ThrottledError,
     TransientError,
     UsageError,
 )
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
+    from types_boto3_s3.type_defs import ListObjectsV2RequestTypeDef
 
 CHUNK = 1 << 20
 # sha256sum-format file list published by the dataset's producer; when present it is the
 # authority for the checksum of every file (it works for multipart and KMS objects alike).
 SOURCE_MANIFEST = "MANIFEST.sha256"
+# JSON lines published by the producer: one {"path", "size", "etag", "sha256"} per file. Where
+# it exists it replaces the listing (one GET instead of one LIST per 1,000 objects per node).
+SOURCE_INDEX = "MANIFEST.jsonl"
 
 Sink = Callable[[bytes], None]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RemoteFile:
     path: str  # relative POSIX path inside the dataset version
     size: int
@@ -59,6 +65,23 @@ class RemoteFile:
     # cached copy made from an older object is fetched again.
     identity: str
     etag: str | None = None
+    sha256: str | None = None  # the producer's checksum, from MANIFEST.jsonl
+
+
+@dataclass(frozen=True, slots=True)
+class ListPage:
+    files: list[RemoteFile]
+    next_token: str | None  # None: this was the last page
+
+
+class LocalCheck(Protocol):
+    """Checks the assembled bytes of one file against the source's identity (ETag)."""
+
+    def update(self, data: bytes) -> None: ...
+
+    def result(self) -> str:
+        """The check that passed (``etag-md5``, ``size``, ...); IntegrityError on a mismatch."""
+        ...
 
 
 class Source(Protocol):
@@ -66,7 +89,13 @@ class Source(Protocol):
     # Requests to sources with the same key share one concurrency limit.
     limit_key: str
 
-    def list_files(self) -> list[RemoteFile]: ...
+    def list_page(self, token: str | None) -> ListPage:
+        """One page of the listing; ``token`` is the previous page's ``next_token``."""
+        ...
+
+    def read_index(self) -> list[RemoteFile] | None:
+        """The producer's ``MANIFEST.jsonl`` in place of a listing, or None where there is none."""
+        ...
 
     def read_small(self, path: str, max_bytes: int) -> bytes | None:
         """Contents of ``path`` (for the manifest), or None when the source has no such file."""
@@ -75,6 +104,47 @@ class Source(Protocol):
     def transfer(self, f: RemoteFile, sink: Sink) -> str:
         """Stream ``f`` into ``sink``; return the source-side check that was applied."""
         ...
+
+    def transfer_range(self, f: RemoteFile, start: int, end: int, sink: Sink) -> None:
+        """Stream bytes ``start..end`` (inclusive) of ``f`` into ``sink``."""
+        ...
+
+    def local_check(self, f: RemoteFile) -> LocalCheck:
+        """A check of ``f``'s bytes once assembled from ranges (one local read, no GET)."""
+        ...
+
+
+def list_all(source: Source) -> list[RemoteFile]:
+    """Every page of the listing, without retries (tests and small tools)."""
+    files: list[RemoteFile] = []
+    token: str | None = None
+    while True:
+        page = source.list_page(token)
+        files.extend(page.files)
+        if page.next_token is None:
+            return files
+        token = page.next_token
+
+
+def parse_index(lines: Iterator[bytes], where: str, *, dir_source: bool) -> list[RemoteFile]:
+    """Parse ``MANIFEST.jsonl``: one ``{"path", "size", "etag"?, "sha256"}`` object per line."""
+    files: list[RemoteFile] = []
+    for n, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            entry = json.loads(raw)
+            path = check_relpath(str(entry["path"]), where)
+            size = int(entry["size"])
+            sha = str(entry["sha256"]).lower()
+            etag = None if dir_source else str(entry["etag"]).strip('"')
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SourceError(f"{where}:{n}: bad {SOURCE_INDEX} line: {exc}") from exc
+        if size < 0 or not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise SourceError(f"{where}:{n}: bad size or sha256 for {path!r}")
+        identity = f"sha256:{sha}" if etag is None else f"etag:{etag}"
+        files.append(RemoteFile(path, size, identity, etag, sha))
+    return files
 
 
 _SAFE_COMPONENT = re.compile(r"^[^\x00/]+$")
@@ -97,7 +167,9 @@ def check_relpath(path: str, where: str) -> str:
 # S3
 
 
-_RETRYABLE_CODES = frozenset(
+# botocore's own list of throttling codes is ThrottledRetryableChecker._THROTTLED_ERROR_CODES
+# (botocore/retries/standard.py); these are the ones S3 returns.
+_THROTTLING_CODES = frozenset(
     {
         "SlowDown",
         "Throttling",
@@ -106,6 +178,10 @@ _RETRYABLE_CODES = frozenset(
         "RequestLimitExceeded",
         "RequestThrottled",
         "BandwidthLimitExceeded",
+    }
+)
+_RETRYABLE_CODES = frozenset(
+    {
         "RequestTimeout",
         "InternalError",
         "ServiceUnavailable",
@@ -131,7 +207,9 @@ def _classify_client_error(exc: ClientError, what: str) -> PrewarmError:
     msg = f"{what}: {code} (HTTP {status})"
     if err.get("Message"):
         msg = f"{msg}: {err['Message']}"
-    if code in _RETRYABLE_CODES or status in {429, 500, 502, 503, 504}:
+    if code in _THROTTLING_CODES or status in {429, 503}:
+        return ThrottledError(msg)
+    if code in _RETRYABLE_CODES or status in {500, 502, 504}:
         return TransientError(msg)
     hint = _HINTS.get(code)
     return SourceError(f"{msg}; {hint}" if hint else msg)
@@ -154,15 +232,27 @@ def classify_s3_error(exc: Exception, what: str) -> PrewarmError | None:
 
 
 def make_s3_client(
-    *, endpoint_url: str | None = None, region: str | None = None, max_connections: int = 10
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    max_connections: int = 10,
+    adaptive: bool = False,
+    user_agent_extra: str | None = None,
 ) -> S3Client:
     """An S3 client whose own retries are off, so the pre-warm policy alone decides.
 
     botocore's standard mode would otherwise retry SlowDown up to 3 times with its own backoff,
-    multiplying the attempts and hiding the throttling from the logs.
+    multiplying the attempts and hiding the throttling from the logs. ``adaptive`` selects
+    botocore's adaptive mode, still with one attempt: its client-side rate limiter
+    (``botocore/retries/adaptive.py``: a token bucket whose rate follows a CUBIC curve,
+    enabled only after the first throttling response) then paces this client. The fetcher
+    uses it only when its own node rate limiter is off (``--max-request-rate 0``): the two in
+    series would compound, and botocore's is per client and unbounded until the first
+    throttle, which is exactly the synchronised start it should prevent.
     """
     config = Config(
-        retries={"total_max_attempts": 1, "mode": "standard"},
+        retries={"total_max_attempts": 1, "mode": "adaptive" if adaptive else "standard"},
+        user_agent_extra=user_agent_extra,
         max_pool_connections=max_connections,
         connect_timeout=10,
         read_timeout=60,
@@ -214,13 +304,16 @@ _MULTI_ETAG = re.compile(r"^[0-9a-f]{32}-(\d+)$")
 
 
 class S3Source:
-    def __init__(self, client: S3Client, bucket: str, prefix: str) -> None:
+    def __init__(
+        self, client: S3Client, bucket: str, prefix: str, *, page_size: int = 1000
+    ) -> None:
         self.client = client
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.uri = f"s3://{bucket}/{self.prefix}"
         # S3 throttles per prefix but a bucket is the unit teams share; limit per bucket.
         self.limit_key = f"s3://{bucket}"
+        self.page_size = page_size
 
     def _key(self, path: str) -> str:
         return self.prefix + path
@@ -231,40 +324,51 @@ class S3Source:
             raise exc
         return classified
 
-    def list_files(self) -> list[RemoteFile]:
+    def list_page(self, token: str | None) -> ListPage:
         files: list[RemoteFile] = []
-        token: str | None = None
         try:
-            while True:
-                if token:
-                    page = self.client.list_objects_v2(
-                        Bucket=self.bucket, Prefix=self.prefix, ContinuationToken=token
-                    )
-                else:
-                    page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix)
-                for obj in page.get("Contents", []):
-                    key = obj["Key"]
-                    rel = key[len(self.prefix) :]
-                    if rel.endswith("/") and obj["Size"] == 0:
-                        continue  # a "folder" placeholder created by consoles
-                    if obj.get("StorageClass") in {"GLACIER", "DEEP_ARCHIVE"}:
-                        raise SourceError(
-                            f"s3://{self.bucket}/{key}: {_HINTS['InvalidObjectState']}"
-                        )
-                    etag = obj["ETag"].strip('"')
-                    files.append(
-                        RemoteFile(
-                            path=check_relpath(rel, self.uri),
-                            size=int(obj["Size"]),
-                            identity=f"etag:{etag}",
-                            etag=etag,
-                        )
-                    )
-                if not page.get("IsTruncated"):
-                    return files
-                token = page.get("NextContinuationToken")
+            params: ListObjectsV2RequestTypeDef = {
+                "Bucket": self.bucket,
+                "Prefix": self.prefix,
+                "MaxKeys": self.page_size,
+            }
+            if token:
+                params["ContinuationToken"] = token
+            page = self.client.list_objects_v2(**params)
         except (ClientError, BotoCoreError) as exc:
             raise self._fail(exc, f"list {self.uri}") from exc
+        for obj in page.get("Contents", []):
+            key = obj["Key"]
+            rel = key[len(self.prefix) :]
+            if rel.endswith("/") and obj["Size"] == 0:
+                continue  # a "folder" placeholder created by consoles
+            if obj.get("StorageClass") in {"GLACIER", "DEEP_ARCHIVE"}:
+                raise SourceError(f"s3://{self.bucket}/{key}: {_HINTS['InvalidObjectState']}")
+            etag = obj["ETag"].strip('"')
+            files.append(
+                RemoteFile(
+                    path=check_relpath(rel, self.uri),
+                    size=int(obj["Size"]),
+                    identity=f"etag:{etag}",
+                    etag=etag,
+                )
+            )
+        if not page.get("IsTruncated"):
+            return ListPage(files, None)
+        return ListPage(files, page.get("NextContinuationToken") or None)
+
+    def read_index(self) -> list[RemoteFile] | None:
+        what = f"s3://{self.bucket}/{self._key(SOURCE_INDEX)}"
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._key(SOURCE_INDEX))
+            with contextlib.closing(resp["Body"]) as body:
+                return parse_index(body.iter_lines(), what, dir_source=False)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in {"NoSuchKey", "404"}:
+                return None
+            raise self._fail(exc, f"get {what}") from exc
+        except BotoCoreError as exc:
+            raise self._fail(exc, f"get {what}") from exc
 
     def read_small(self, path: str, max_bytes: int) -> bytes | None:
         what = f"s3://{self.bucket}/{self._key(path)}"
@@ -292,38 +396,88 @@ class S3Source:
             return None
         return size
 
+    def _etag_check(self, f: RemoteFile, encrypted: bool) -> _S3Check:
+        what = f"s3://{self.bucket}/{self._key(f.path)}"
+        if not f.etag:
+            raise SourceError(f"{what}: listed without an ETag")
+        multi = _MULTI_ETAG.match(f.etag)
+        part_size = self._part_size(f, int(multi.group(1))) if multi else None
+        # SSE-KMS and SSE-C ETags are not an MD5 of the content.
+        verifiable = not encrypted and (bool(_SINGLE_ETAG.match(f.etag)) or part_size is not None)
+        return _S3Check(what, f.etag, _EtagHasher(part_size) if verifiable else None, part_size)
+
     def transfer(self, f: RemoteFile, sink: Sink) -> str:
         what = f"s3://{self.bucket}/{self._key(f.path)}"
         if not f.etag:
             raise SourceError(f"{what}: listed without an ETag")
-        etag = f.etag
-        multi = _MULTI_ETAG.match(etag)
         try:
-            part_size = self._part_size(f, int(multi.group(1))) if multi else None
             # If-Match: a GET of a different object than the one listed fails instead of
             # silently mixing two versions of the dataset.
             resp = self.client.get_object(
-                Bucket=self.bucket, Key=self._key(f.path), IfMatch=f'"{etag}"'
+                Bucket=self.bucket, Key=self._key(f.path), IfMatch=f'"{f.etag}"'
             )
-            # SSE-KMS and SSE-C ETags are not an MD5 of the content.
             encrypted = resp.get("ServerSideEncryption", "").startswith("aws:kms") or bool(
                 resp.get("SSECustomerAlgorithm")
             )
-            verifiable = not encrypted and (bool(_SINGLE_ETAG.match(etag)) or part_size is not None)
-            hasher = _EtagHasher(part_size) if verifiable else None
+            check = self._etag_check(f, encrypted)
             with contextlib.closing(resp["Body"]) as body:
                 for chunk in body.iter_chunks(CHUNK):
-                    if hasher is not None:
-                        hasher.update(chunk)
+                    check.update(chunk)
                     sink(chunk)
         except (ClientError, BotoCoreError) as exc:
             raise self._fail(exc, f"get {what}") from exc
-        if hasher is None:
+        return check.result()
+
+    def transfer_range(self, f: RemoteFile, start: int, end: int, sink: Sink) -> None:
+        what = f"s3://{self.bucket}/{self._key(f.path)} bytes {start}-{end}"
+        if not f.etag:
+            raise SourceError(f"{what}: listed without an ETag")
+        try:
+            resp = self.client.get_object(
+                Bucket=self.bucket,
+                Key=self._key(f.path),
+                IfMatch=f'"{f.etag}"',
+                Range=f"bytes={start}-{end}",
+            )
+            with contextlib.closing(resp["Body"]) as body:
+                for chunk in body.iter_chunks(CHUNK):
+                    sink(chunk)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail(exc, f"get {what}") from exc
+
+    def local_check(self, f: RemoteFile) -> LocalCheck:
+        what = f"s3://{self.bucket}/{self._key(f.path)}"
+        try:
+            head = self.client.head_object(
+                Bucket=self.bucket, Key=self._key(f.path), IfMatch=f'"{f.etag}"'
+            )
+            encrypted = head.get("ServerSideEncryption", "").startswith("aws:kms") or bool(
+                head.get("SSECustomerAlgorithm")
+            )
+            return self._etag_check(f, encrypted)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail(exc, f"head {what}") from exc
+
+
+class _S3Check:
+    def __init__(
+        self, what: str, etag: str, hasher: _EtagHasher | None, part_size: int | None
+    ) -> None:
+        self._what, self._etag, self._hasher, self._part_size = what, etag, hasher, part_size
+
+    def update(self, data: bytes) -> None:
+        if self._hasher is not None:
+            self._hasher.update(data)
+
+    def result(self) -> str:
+        if self._hasher is None:
             return "size"
-        got = hasher.hexdigest()
-        if got != etag:
-            raise IntegrityError(f"{what}: ETag mismatch: expected {etag}, computed {got}")
-        return "etag-multipart" if part_size is not None else "etag-md5"
+        got = self._hasher.hexdigest()
+        if got != self._etag:
+            raise IntegrityError(
+                f"{self._what}: ETag mismatch: expected {self._etag}, computed {got}"
+            )
+        return "etag-multipart" if self._part_size is not None else "etag-md5"
 
 
 # --------------------------------------------------------------------------------------------
@@ -374,7 +528,9 @@ class DirSource:
         # Everything on one filesystem shares its servers: limit per device, not per path.
         self.limit_key = f"dev:{st.st_dev}"
 
-    def list_files(self) -> list[RemoteFile]:
+    def list_page(self, token: str | None) -> ListPage:
+        """A directory is listed in one page (os.walk has no continuation)."""
+        del token
         files: list[RemoteFile] = []
 
         def onerror(exc: OSError) -> None:
@@ -397,7 +553,11 @@ class DirSource:
                         identity=f"stat:{st.st_size}:{st.st_mtime_ns}",
                     )
                 )
-        return files
+        return ListPage(files, None)
+
+    def read_index(self) -> list[RemoteFile] | None:
+        # A directory is listed by walking the mount, no request per page: no index needed.
+        return None
 
     def read_small(self, path: str, max_bytes: int) -> bytes | None:
         full = self.root / path
@@ -435,6 +595,47 @@ class DirSource:
         # read it would give a torn copy that no later check could notice.
         if f"stat:{after.st_size}:{after.st_mtime_ns}" != f.identity:
             raise IntegrityError(f"{full}: changed while it was copied (size/mtime differ)")
+        return "stat"
+
+    def transfer_range(self, f: RemoteFile, start: int, end: int, sink: Sink) -> None:
+        full = self.root / f.path
+        try:
+            fh = self._open(full)
+        except OSError as exc:
+            raise classify_os_error(exc, f"open {full}") from exc
+        with fh:
+            try:
+                fh.seek(start)
+                left = end - start + 1
+                while left > 0:
+                    chunk = fh.read(min(CHUNK, left))
+                    if not chunk:
+                        break
+                    left -= len(chunk)
+                    sink(chunk)
+            except OSError as exc:
+                raise classify_os_error(exc, f"read {full}") from exc
+
+    def local_check(self, f: RemoteFile) -> LocalCheck:
+        return _StatCheck(self.root / f.path, f.identity)
+
+
+class _StatCheck:
+    """After ranged reads: the source file must still have the size and mtime it was listed with."""
+
+    def __init__(self, full: Path, identity: str) -> None:
+        self._full, self._identity = full, identity
+
+    def update(self, data: bytes) -> None:
+        pass
+
+    def result(self) -> str:
+        try:
+            st = os.stat(self._full)
+        except OSError as exc:
+            raise classify_os_error(exc, f"stat {self._full}") from exc
+        if f"stat:{st.st_size}:{st.st_mtime_ns}" != self._identity:
+            raise IntegrityError(f"{self._full}: changed while it was copied (size/mtime differ)")
         return "stat"
 
 
