@@ -12,7 +12,7 @@ PREVIEW_STAMP := $(VENV)/.preview-stamp
 TORCH_INDEX_URL ?=
 
 .PHONY: setup preview test lint typecheck unit faults goldens bench-runtime bench-preview clean \
-	e2e-tools e2e bench-scheduling fuzz policy-config help setup-preview packaging
+	e2e-tools e2e bench-scheduling fuzz policy-config help setup-preview packaging bench-prewarm
 
 # `make` alone lists the targets: each described by the `## ` line right above its rule.
 .DEFAULT_GOAL := help
@@ -96,6 +96,12 @@ goldens: setup
 ## checkpoint-stall and overhead benchmark of the runtime
 bench-runtime: setup
 	$(BIN)/python -m trainstack_runtime.bench
+
+# The dataset pre-warm at fleet scale (docs/prewarm.md, Load test): 64 simulated nodes through a
+# throttling proxy in front of moto, then peak RSS of a 1M-object fetch; last line JSON.
+## pre-warm load test (64 nodes, throttling proxy) and 1M-object RSS
+bench-prewarm: setup
+	$(BIN)/python -m tests.prewarm.bench
 
 ## remove build/ and the tools' caches
 clean:
