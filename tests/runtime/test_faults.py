@@ -245,12 +245,14 @@ def test_lost_node_exits_peer_lost(tmp_path: Path) -> None:
 def test_max_duration_checkpoints_and_exits_deadline_across_restarts(
     tmp_path: Path, run_job: RunJob
 ) -> None:
-    # The deadline is counted from the job's first start, kept in the checkpoint directory.
-    first = run_job(tmp_path, args=("--step-sleep", "0.3"), TRAINSTACK_MAX_DURATION_S="4")
+    # The deadline is counted from the job's first start, kept in the checkpoint directory. It
+    # leaves the workers time to start (torch import, process group) on a loaded 2-core machine:
+    # at 4 s, a deadline that came before the first step left nothing to checkpoint.
+    first = run_job(tmp_path, args=("--step-sleep", "0.3"), TRAINSTACK_MAX_DURATION_S="12")
     assert first.code == ExitCode.DEADLINE_EXCEEDED, first.output[-3000:]
     assert "deadline_exceeded" in first.termination()
     assert committed_steps(first.checkpoints), "no checkpoint was taken at the deadline"
     # A restarted pod does not get a fresh budget: it stops at once, without training.
-    second = run_job(tmp_path, TRAINSTACK_MAX_DURATION_S="4")
+    second = run_job(tmp_path, TRAINSTACK_MAX_DURATION_S="12")
     assert second.code == ExitCode.DEADLINE_EXCEEDED, second.output[-3000:]
     assert "maximum duration already passed" in second.termination()
