@@ -60,3 +60,13 @@ def test_the_health_port_in_use(tmp_path: Path) -> None:
     assert "Traceback" not in output
     assert verdict["class"] == "storage"
     assert f"health port {port}" in str(verdict["cause"]), verdict
+
+
+def test_a_health_port_that_is_not_a_number(tmp_path: Path) -> None:
+    """A bad value from the environment is a configuration error with a verdict (exit 2,
+    not retried), not a traceback (found after issue 22 #11)."""
+    code, output, verdict = supervise(tmp_path, TRAINSTACK_HEALTH_PORT="http")
+    assert code == 2, output
+    assert "Traceback" not in output
+    assert verdict["class"] == "config_error"
+    assert "TRAINSTACK_HEALTH_PORT='http' is not a port number" in str(verdict["cause"]), verdict

@@ -40,6 +40,7 @@ from .contract import (
     METRICS_PATH,
     RUN_DIR_DEFAULT,
 )
+from .exitcodes import ConfigError
 
 STATES = ("starting", "running", "checkpointing", "exiting", "done")
 
@@ -295,8 +296,12 @@ def serve(
 
 
 def configured_port() -> int:
+    """The health port the job layer set (-1: none), or ConfigError naming the bad value."""
     raw = os.environ.get(ENV_HEALTH_PORT)
-    return int(raw) if raw else HEALTH_PORT_DEFAULT
+    try:
+        return int(raw) if raw else HEALTH_PORT_DEFAULT
+    except ValueError:
+        raise ConfigError(f"{ENV_HEALTH_PORT}={raw!r} is not a port number") from None
 
 
 def probe(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> int:
