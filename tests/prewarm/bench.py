@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import resource
+import re
 import subprocess
 import sys
 import tempfile
@@ -45,7 +45,10 @@ def rss_child(n: int, root: Path) -> None:
             options=FetchOptions(concurrency=8, retry=RetryPolicy(3, 0.1, 1.0), start_jitter_s=0.0),
             log=JsonLog(devnull),
         ).run()
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over from the parent across
+    # fork and exec, so a child of a large parent would report the parent's peak.
+    status = Path("/proc/self/status").read_text()
+    print(int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M).group(1)) / 1024)  # type: ignore[union-attr]
 
 
 def peak_rss_mib(n: int) -> float:
@@ -107,10 +110,10 @@ def main() -> None:
         return
     nodes = int(os.environ.get("BENCH_NODES", "64"))
     objects = int(os.environ.get("BENCH_OBJECTS", "1000000"))
-    summary = fleet(nodes)
     t0 = time.monotonic()
     small = peak_rss_mib(objects // 10)
     rss = peak_rss_mib(objects)
+    summary = fleet(nodes)
     print(
         f"peak RSS: {small:.0f} MiB with {objects // 10} objects, {rss:.0f} MiB with "
         f"{objects} ({time.monotonic() - t0:.0f}s)",
