@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from trainstack.builders.fabric import (
     EFA_RESOURCE,
     OBSOLETE_EFA_ENV,
+    divisors,
     efa_network_interfaces,
     efa_profile,
     pod_interfaces,
@@ -19,6 +21,7 @@ from trainstack.builders.fabric import (
     tcp_profile,
 )
 from trainstack.catalog import catalog, lookup
+from trainstack.jobs.platform import profile
 
 
 def layout(name: str) -> list[tuple[int, int, str]]:
@@ -148,8 +151,8 @@ def test_rdma_pods_join_the_secondary_network() -> None:
         "infiniband", gpus_per_node=8, resource="rdma/ib", hcas="mlx5", socket_ifname="eth0"
     )
     assert ib.pod_annotations() == {}
-    for profile in (roce, ib, tcp_profile(4, "eth0"), efa_profile(lookup("p5.48xlarge"))):
-        assert "capabilities" not in profile.to_json()
+    for each in (roce, ib, tcp_profile(4, "eth0"), efa_profile(lookup("p5.48xlarge"))):
+        assert "capabilities" not in each.to_json()
     for other in (tcp_profile(4, "eth0"), efa_profile(lookup("p5.48xlarge"))):
         assert other.pod_annotations() == {}
 
@@ -177,3 +180,102 @@ def test_socket_ifname_must_name_a_pod_interface(
     findInterfaces lists the pod's own interfaces (`^` excludes, `=` matches exactly,
     otherwise prefixes, src/misc/utils.cc matchIf)."""
     assert socket_ifname_matches(value, pod_interfaces(network)) is matches
+
+
+# -- behaviours stated one at a time (issue 25) ------------------------------------------------
+
+PROFILES = {
+    "efa": efa_profile(lookup("p5.48xlarge")),
+    "roce": _roce(secondary_network="default/roce-net"),
+    "infiniband": rdma_profile(
+        "infiniband", gpus_per_node=8, resource="rdma/ib", hcas="mlx5", socket_ifname="ib0"
+    ),
+    "tcp": tcp_profile(4, "eth0"),
+}
+
+
+@pytest.mark.parametrize("fabric", PROFILES)
+def test_the_job_layer_reads_back_the_profile_the_pools_publish(fabric: str) -> None:
+    """The platform stack publishes each pool's profile (to_json) and team stacks rebuild it
+    (jobs/platform.py profile): a key written under another name than the one read would be
+    dropped without a word, e.g. jobs losing their RDMA devices."""
+    published = PROFILES[fabric]
+    assert published.fabric == fabric
+    assert profile({"profile": json.loads(json.dumps(published.to_json()))}) == published
+
+
+@pytest.mark.parametrize("fabric", PROFILES)
+def test_nccl_error_handling_is_torchs_own(fabric: str) -> None:
+    """Every fabric dumps NCCL's flight recorder on a watchdog timeout, and none sets
+    TORCH_NCCL_ASYNC_ERROR_HANDLING: 1 would make the watchdog abort the communicators, an
+    abort known to hang (pytorch/pytorch#110723); torch's default, 3, tears down without it,
+    and the runtime's supervisor passes that to its workers (docs/runtime.md)."""
+    env = PROFILES[fabric].env
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env
+
+
+NCCL_ENV = {
+    "efa": {
+        "NCCL_SOCKET_IFNAME": "^lo,docker0,veth_def_agent",
+        "NCCL_TUNER_PLUGIN": "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-ofi-tuner.so",
+    },
+    "roce": {
+        "NCCL_IB_HCA": "mlx5_0,mlx5_1",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "NCCL_IB_GID_INDEX": "3",
+    },
+    "infiniband": {"NCCL_IB_HCA": "mlx5", "NCCL_SOCKET_IFNAME": "ib0"},
+    "tcp": {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"},
+}
+
+
+@pytest.mark.parametrize("fabric", PROFILES)
+def test_each_fabrics_nccl_environment(fabric: str) -> None:
+    """Bootstrap on the named (or not excluded) interface; EFA through aws-ofi-nccl's tuner;
+    RDMA fabrics through their HCAs; TCP with verbs off, so NCCL never tries InfiniBand."""
+    assert PROFILES[fabric].env == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", **NCCL_ENV[fabric]}
+
+
+def test_roce_gid_index_and_tcp_shares() -> None:
+    assert _roce(gid_index=5).env["NCCL_IB_GID_INDEX"] == "5"
+    assert (PROFILES["tcp"].gpus_per_node, PROFILES["tcp"].shared_devices) == (4, ())
+    assert PROFILES["tcp"].resources_for(2) == {"nvidia.com/gpu": "2"}
+
+
+def test_an_efa_profile_offers_every_efa_device_and_hugepages() -> None:
+    p5 = lookup("p5.48xlarge")
+    assert PROFILES["efa"].to_json() == {
+        "fabric": "efa",
+        "gpusPerNode": 8,
+        "devicesPerNode": {EFA_RESOURCE: p5.efa_devices},
+        "hugepagesMiPerNode": 640 * 8,  # 5120Mi for an 8-GPU pod (awsome-distributed-training)
+        "sharedDevices": [],
+        "secondaryNetwork": None,
+        "env": dict(sorted(PROFILES["efa"].env.items())),
+    }
+    assert PROFILES["efa"].resources_for(8) == {
+        "nvidia.com/gpu": "8",
+        EFA_RESOURCE: str(p5.efa_devices),
+        "hugepages-2Mi": "5120Mi",
+    }
+
+
+@pytest.mark.parametrize("gpus", [0, -1, 9, 16])
+def test_a_share_outside_the_node_is_refused(gpus: int) -> None:
+    with pytest.raises(ValueError, match="does not divide a 8-GPU node"):
+        PROFILES["roce"].resources_for(gpus)
+
+
+def test_divisors() -> None:
+    assert divisors(8) == [1, 2, 4, 8]
+    assert divisors(1) == [1]
+    assert divisors(6) == [1, 2, 3, 6]
+
+
+@pytest.mark.parametrize(
+    ("value", "matches"), [("eth0:5000", True), ("=eth0:5000", True), ("=net1:5000", False)]
+)
+def test_socket_ifname_entries_may_carry_a_port(value: str, matches: bool) -> None:
+    """NCCL reads each entry as `name[:port]` (v2.21.5 src/misc/utils.cc parseStringList)."""
+    assert socket_ifname_matches(value, pod_interfaces(None)) is matches

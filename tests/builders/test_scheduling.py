@@ -3,6 +3,7 @@ arithmetic itself: tests/config/test_capacity.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import ROOT
 from trainstack.builders import scheduling as s
 from trainstack.builders.pools import fabric_profile
 from trainstack.config import ConfigError, PlatformConfig, parse_stack_config
@@ -386,3 +388,256 @@ def test_no_capability_claims_more_of_a_dimension_than_its_pools_hold() -> None:
     org = next(q for q in s.queues(cfg) if q["metadata"]["name"] == "trainstack")
     assert org["spec"]["capability"]["vpc.amazonaws.com/efa"] == "80"
     assert not _children_fit(s.queues(cfg))
+
+
+# -- behaviours stated one at a time (issue 25) ------------------------------------------------
+
+BASE_LABELS = {
+    "app.kubernetes.io/managed-by": "trainstack",
+    "app.kubernetes.io/part-of": "trainstack",
+    "trainstack.io/stack": "t",
+}
+
+
+def onprem() -> PlatformConfig:
+    """The onprem example: an existing cluster, one RoCE pool (RDMA shared device)."""
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.onprem.yaml").read_text(encoding="utf-8"))
+    cfg = parse_stack_config(doc["config"], stack="onprem", source="test")
+    assert isinstance(cfg, PlatformConfig)
+    return cfg
+
+
+def test_priority_classes_preempt_in_their_queue_and_are_never_the_default() -> None:
+    """Every class may preempt (PreemptLowerPriority): Volcano's reclaim skips preemptors of
+    class Never, and a team would not get its lent GPUs back (issue 15 #10). None is the
+    cluster's global default: that would give every pod of every namespace, system pods
+    included, a training priority (and a cluster allows only one)."""
+    classes = s.priority_classes(config([team("a", 8, ["h100"])]))
+    assert [
+        (c["metadata"]["name"], c["value"], c["preemptionPolicy"], c["globalDefault"])
+        for c in classes
+    ] == [
+        ("trainstack-critical", 100_000, "PreemptLowerPriority", False),
+        ("trainstack-high", 10_000, "PreemptLowerPriority", False),
+        ("trainstack-normal", 1_000, "PreemptLowerPriority", False),
+        ("trainstack-preemptible", 100, "PreemptLowerPriority", False),
+    ]
+    for c in classes:
+        assert (c["apiVersion"], c["kind"]) == ("scheduling.k8s.io/v1", "PriorityClass")
+        assert c["metadata"]["labels"] == BASE_LABELS
+        assert c["description"] == s.PRIORITY_CLASSES[c["metadata"]["name"].split("-")[1]][2]
+        assert set(c) == {
+            "apiVersion", "kind", "metadata", "value", "preemptionPolicy", "globalDefault",
+            "description",
+        }  # fmt: skip
+
+
+def test_queues_are_reclaimable_as_configured_and_the_organisation_never() -> None:
+    """A team's `reclaimable: false` keeps what it borrowed (Volcano's reclaim skips the queue);
+    teams and groups are reclaimable by default. The organisation queue is never: it holds
+    every pool, and reclaiming from it would take GPUs from all teams at once."""
+    cfg = config(
+        [{**team("a", 8, ["h100"], reclaimable=False), "group": "g"}, team("b", 0, ["l40s"])],
+        groups=[{"name": "g", "owners": ["g@example.com"]}],
+    )
+    queues = {q["metadata"]["name"]: q for q in s.queues(cfg)}
+    assert {n: q["spec"]["reclaimable"] for n, q in queues.items()} == {
+        "trainstack": False,
+        "group-g": True,
+        "a": False,
+        "b": True,
+    }
+    assert {n: q["metadata"]["labels"] for n, q in queues.items()} == {
+        "trainstack": {**BASE_LABELS, "trainstack.io/role": "organisation"},
+        "group-g": {**BASE_LABELS, "trainstack.io/role": "group", "trainstack.io/group": "g"},
+        "a": {
+            **BASE_LABELS,
+            "trainstack.io/role": "team",
+            "trainstack.io/team": "a",
+            "trainstack.io/group": "g",
+        },
+        "b": {**BASE_LABELS, "trainstack.io/role": "team", "trainstack.io/team": "b"},
+    }
+    for q in queues.values():
+        assert (q["apiVersion"], q["kind"]) == ("scheduling.volcano.sh/v1beta1", "Queue")
+    assert queues["a"]["spec"] == {
+        "weight": 1,  # Volcano's webhook default, emitted so the plan equals the live object
+        "reclaimable": False,
+        "deserved": {"nvidia.com/gpu": "8"},
+        "guarantee": {"resource": {"nvidia.com/gpu": "8"}},
+        "capability": {
+            "cpu": "192",
+            "hugepages-2Mi": "5120Mi",
+            "memory": "2048Gi",
+            "nvidia.com/gpu": "8",
+            "vpc.amazonaws.com/efa": "32",
+        },
+        "parent": "group-g",
+    }
+
+
+def test_hypernodes_have_a_pool_tier_and_a_zone_tier() -> None:
+    """Tier 1 is a pool (its placement group, or an existing pool's node selector), tier 2
+    a zone holding its pools (`zone-cluster` on an existing cluster). A job's topology
+    tier (`pool` or `zone`) is one of these (jobs/render.py TIERS)."""
+    for cfg, pool, match, zone in [
+        (
+            config([team("a", 0, ["h100"])]),
+            "h100",
+            {"trainstack.io/placement-group": "trainstack-t-h100"},
+            "zone-us-east-1a",
+        ),
+        (
+            onprem(),
+            "a100-roce",
+            {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+            "zone-cluster",
+        ),
+    ]:
+        nodes = {n["metadata"]["name"]: n for n in s.hypernodes(cfg)}
+        assert nodes[f"pool-{pool}"]["spec"] == {
+            "tier": 1,
+            "tierName": "pool",
+            "members": [{"type": "Node", "selector": {"labelMatch": {"matchLabels": match}}}],
+        }
+        assert nodes[zone]["spec"]["tier"] == 2
+        assert nodes[zone]["spec"]["tierName"] == "zone"
+        assert {"type": "HyperNode", "selector": {"exactMatch": {"name": f"pool-{pool}"}}} in (
+            nodes[zone]["spec"]["members"]
+        )
+        for n in nodes.values():
+            assert (n["apiVersion"], n["kind"]) == ("topology.volcano.sh/v1alpha1", "HyperNode")
+            assert n["metadata"]["labels"]["trainstack.io/stack"] == cfg.stack
+    # the spot pool without a placement group has no HyperNode (no topology inside it)
+    assert "pool-l40s" not in {
+        n["metadata"]["name"] for n in s.hypernodes(config([team("a", 0, ["h100"])]))
+    }
+
+
+def test_an_rdma_pool_shares_one_device_per_replica_in_the_capability() -> None:
+    """An existing RoCE pool: CPUs and memory from the pool's declared node size, and the
+    RDMA shared device at most once per GPU (a replica requests it once, with >= 1 GPU)."""
+    cfg = onprem()
+    assert s.pools_shape(cfg, ["a100-roce"]) == {
+        "nvidia.com/gpu": 1.0,
+        "cpu": 240 / 8,
+        "memory": 1900 / 8,
+        "rdma/rdma_shared_device_a": 1.0,
+    }
+    assert s.team_quotas(cfg, cfg.registry.teams[0])["capability"] == {
+        "cpu": "480",
+        "memory": "3800Gi",
+        "nvidia.com/gpu": "16",
+        "rdma/rdma_shared_device_a": "16",
+    }
+    assert s.dimensions(cfg)["rdma/rdma_shared_device_a"] == {
+        "cluster": "128",
+        "capabilities": "16",
+    }
+
+
+def test_a_resource_no_team_can_use_sums_to_zero() -> None:
+    cfg = config([team("a", 8, ["h100"])])
+    dims = s.dimensions(cfg)
+    assert dims["nvidia.com/gpu"] == {"cluster": "40", "capabilities": "8"}
+    # every pool's resource is listed; the teams' capabilities sum to 0 where none reaches it
+    assert set(dims) == {
+        "cpu",
+        "hugepages-2Mi",
+        "memory",
+        "nvidia.com/gpu",
+        "vpc.amazonaws.com/efa",
+    }
+    cfg = config([team("a", 0, ["l40s"])])
+    assert s.dimensions(cfg)["vpc.amazonaws.com/efa"] == {"cluster": "80", "capabilities": "0"}
+
+
+def test_the_scheduler_configuration_in_full() -> None:
+    """What docs/scheduling.md explains, pinned: gang and DRF never mark jobs preemptable
+    (a gang is all or nothing), the share plugin per queue mode, binpack on GPUs, and
+    the topology plugin only where HyperNodes exist."""
+    cfg = config([team("a", 8, ["h100"])])
+    conf = s.scheduler_config(cfg)
+    assert conf == {
+        "actions": "allocate, preempt, reclaim, backfill",
+        "tiers": [
+            {
+                "plugins": [
+                    {"name": "priority"},
+                    {"name": "gang", "enablePreemptable": False},
+                    {"name": "conformance"},
+                ]
+            },
+            {
+                "plugins": [
+                    {"name": "drf", "enablePreemptable": False},
+                    {"name": "predicates"},
+                    {"name": "capacity", "enableHierarchy": True},
+                    {"name": "nodeorder"},
+                    {
+                        "name": "binpack",
+                        "arguments": {
+                            "binpack.resources": "nvidia.com/gpu",
+                            "binpack.resources.nvidia.com/gpu": 10,
+                        },
+                    },
+                    {
+                        "name": "network-topology-aware",
+                        "arguments": {
+                            "weight": 10,
+                            "hypernode.binpack.resources": "nvidia.com/gpu",
+                        },
+                    },
+                ]
+            },
+        ],
+        "configurations": [
+            {"name": "preempt", "arguments": {"enableTopologyAwarePreemption": True}}
+        ],
+    }
+    off = s.scheduler_config(
+        config([team("a", 8, ["h100"])], preemption=False, queueMode="flat", topologyAware=False)
+    )
+    assert [p["name"] for p in off["tiers"][1]["plugins"]] == [
+        "overcommit", "drf", "predicates", "proportion", "nodeorder", "binpack",
+    ]  # fmt: skip
+    assert not s.topology_enabled(config([team("a", 8, ["h100"])], topologyAware=False))
+    # topology-aware, but no pool with a placement group: nothing to place by
+    assert not s.topology_enabled(dataclasses.replace(onprem(), gpu_pools=()))
+
+
+@pytest.mark.parametrize(("environment", "cloud"), [("production", "aws"), ("dev", "existing")])
+def test_volcano_values(environment: str, cloud: str) -> None:
+    """Two scheduler replicas (leader-elected) in production, one elsewhere; metrics on for
+    the monitors; Volcano's default namespace labelled `system` on AWS only."""
+    cfg = onprem() if cloud == "existing" else config([team("a", 8, ["h100"])])
+    cfg = dataclasses.replace(cfg, environment=environment)
+    custom = s.volcano_values(cfg)["custom"]
+    assert yaml.safe_load(custom.pop("scheduler_config_override")) == s.scheduler_config(cfg)
+    assert custom == {
+        "scheduler_metrics_enable": True,
+        "controller_metrics_enable": True,
+        "default_ns": {"trainstack.io/role": "system"} if cloud == "aws" else None,
+        "leader_elect_enable": True,
+        "scheduler_replicas": 2 if environment == "production" else 1,
+    }
+    text = s.volcano_values(cfg)["custom"]["scheduler_config_override"]
+    assert text.startswith("actions: "), "written in the order Volcano's docs use"
+
+
+def test_what_team_stacks_read() -> None:
+    """The team slice and the scheduling output are the team stacks' and previews' only view
+    of queues and classes: their keys are a contract (jobs/platform.py, diff/capacity.py)."""
+    cfg = config([{**team("a", 8, ["h100"], deserved=10), "priorityClasses": ["high"]}])
+    assert s.team_scheduling(cfg, cfg.registry.teams[0]) == {
+        "queue": "a",
+        "pools": ["h100"],
+        "priorityClasses": ["trainstack-high"],
+        "gpus": {"guarantee": 8, "deserved": 10, "capability": 10},
+        "quota": s.team_quotas(cfg, cfg.registry.teams[0]),
+    }
+    output = s.scheduling_output(cfg)
+    assert output["queueMode"] == "hierarchical"
+    assert output["priorityClasses"]["normal"] == {"className": "trainstack-normal", "value": 1000}
+    assert set(output["priorityClasses"]) == set(s.PRIORITY_CLASSES)
+    assert output["capacity"]["dimensions"] == s.dimensions(cfg)

@@ -16,9 +16,10 @@ from typer.testing import CliRunner
 
 from tests.conftest import ROOT
 from trainstack.cli import app
+from trainstack.config import ConfigError
 from trainstack.jobs.lifecycle import volcano_max_retry
 from trainstack.jobs.platform import PlatformView
-from trainstack.jobs.render import render
+from trainstack.jobs.render import platform_issues, render
 from trainstack.jobs.spec import Data, JobSpec, Topology, load_job
 from trainstack.outputs import team_output
 from trainstack.preview.plan import Plan, normalise
@@ -390,3 +391,172 @@ def test_the_deadline_is_keyed_to_the_job_instance(view: PlatformView) -> None:
                 "name": "TRAINSTACK_JOB_INSTANCE",
                 "valueFrom": {"fieldRef": {"fieldPath": field}},
             }
+
+
+# -- behaviours stated one at a time (issue 25) ------------------------------------------------
+
+
+def with_team(view: PlatformView, team: str, **changes: Any) -> PlatformView:
+    """The view with one team's slice changed: `storage` or `scheduling` replaced, or the
+    team removed (`remove=True`)."""
+    outputs = dict(view.outputs)
+    if changes.pop("remove", False):
+        del outputs[team_output(team)]
+    else:
+        slice_ = json.loads(outputs[team_output(team)])
+        slice_ |= changes
+        outputs[team_output(team)] = json.dumps(slice_)
+    return PlatformView(outputs)
+
+
+def issues_of(spec: JobSpec, view: PlatformView) -> list[str]:
+    return [str(i) for i in platform_issues(spec, view, None)]
+
+
+def test_a_team_missing_from_the_registry_is_named_and_stops_the_checks(
+    view: PlatformView,
+) -> None:
+    """Without its team the platform gives a job no queue, storage or limits: the job is
+    refused by that one reason, not by a cascade of others."""
+    spec = load_job(DEMO)
+    assert issues_of(spec, with_team(view, "vision", remove=True)) == [
+        "job.metadata.team: team 'vision' is not in the platform registry"
+    ]
+    with pytest.raises(ConfigError):
+        render(spec, with_team(view, "vision", remove=True))
+
+
+def test_datasets_on_lustre_need_the_platforms_dataset_file_system(view: PlatformView) -> None:
+    """A job reading its data from Lustre on a platform without a dataset file system would
+    mount a claim that does not exist, and wait forever: refused, with the way out."""
+    spec = load_job(DEMO)
+    assert spec.data is not None
+    assert spec.data.source == "lustre"
+    storage = dict(view.storage("vision"))
+    del storage["datasetClaim"]
+    assert issues_of(spec, with_team(view, "vision", storage=storage)) == [
+        "job.spec.data.source: the platform has no dataset file system (storage.lustre); use "
+        "source: cache"
+    ]
+    assert (
+        issues_of(dataclasses.replace(spec, data=None), with_team(view, "vision", storage=storage))
+        == []
+    )
+
+
+def test_a_one_replica_job_has_a_master_and_no_empty_worker_task(view: PlatformView) -> None:
+    """Volcano's pytorch plugin needs the master task; a worker task of 0 replicas would be
+    an empty gang member (and WORLD_SIZE would count it)."""
+    spec = load_job(DEMO)
+    one = dataclasses.replace(spec, workers=dataclasses.replace(spec.workers, replicas=1))
+    manifest = job(one, view)
+    assert [(t["name"], t["replicas"]) for t in manifest["spec"]["tasks"]] == [("master", 1)]
+    assert manifest["spec"]["minAvailable"] == 1
+    three = dataclasses.replace(spec, workers=dataclasses.replace(spec.workers, replicas=3))
+    tasks = job(three, view)["spec"]["tasks"]
+    assert [(t["name"], t["replicas"], t["minAvailable"]) for t in tasks] == [
+        ("master", 1, 1),
+        ("worker", 2, 2),
+    ]
+
+
+@pytest.mark.parametrize(("tier", "hypernode_tier"), [("pool", 1), ("zone", 2)])
+def test_topology_tiers_are_the_hypernodes_tiers(
+    view: PlatformView, tier: str, hypernode_tier: int, example_plans: dict[str, Plan]
+) -> None:
+    """`highestTierAllowed` counts HyperNode tiers: a job kept within a zone may span the
+    zone's pools (tier 2, builders/scheduling.hypernodes), not the whole cluster."""
+    spec = dataclasses.replace(load_job(PS), topology=Topology(mode="soft", tier=tier))  # type: ignore[arg-type]
+    assert job(spec, view)["spec"]["networkTopology"] == {
+        "mode": "soft",
+        "highestTierAllowed": hypernode_tier,
+    }
+    tiers = {
+        r.inputs["spec"]["tierName"]: r.inputs["spec"]["tier"]
+        for r in example_plans["prod"].resources
+        if r.type.endswith(":HyperNode")
+    }
+    assert tiers[tier] == hypernode_tier
+
+
+@pytest.mark.parametrize(
+    ("grace", "shutdown"), [(30, 10), (40, 10), (41, 11), (300, 270), (3600, 3570)]
+)
+def test_the_supervisor_gives_up_on_its_workers_before_the_kubelet_kills_the_pod(
+    view: PlatformView, grace: int, shutdown: int
+) -> None:
+    """The kubelet kills the pod terminationGracePeriodSeconds after SIGTERM; the supervisor
+    must stop waiting for its workers 30 s before that to record their verdict (exit codes,
+    the termination log), but give them at least 10 s (docs/runtime.md, Preemption)."""
+    spec = load_job(DEMO)
+    spec = dataclasses.replace(
+        spec, checkpoint=dataclasses.replace(spec.checkpoint, grace_seconds=grace)
+    )
+    pod = job(spec, view)["spec"]["tasks"][0]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == grace
+    timeout = int(env(pod["containers"][0])["TRAINSTACK_SHUTDOWN_TIMEOUT_S"])
+    assert timeout == shutdown
+    assert timeout < grace
+
+
+def test_the_specs_labels_are_on_the_job_and_every_pod(view: PlatformView) -> None:
+    """Cost reports, dashboards and kubectl selectors read them: a spec's labels and
+    trainstack's own (team, job, pool, manager) on the Job and on each task's pods, with the
+    pod's role."""
+    spec = dataclasses.replace(load_job(PS), labels=(("cost-centre", "cv"),))
+    manifest = job(spec, view)
+    own = {
+        "cost-centre": "cv",
+        "app.kubernetes.io/managed-by": "trainstack",
+        "trainstack.io/team": "vision",
+        "trainstack.io/job": spec.name,
+        "trainstack.io/pool": spec.pool,
+    }
+    assert manifest["metadata"]["labels"] == own
+    for task in manifest["spec"]["tasks"]:
+        assert task["template"]["metadata"]["labels"] == {**own, "trainstack.io/role": task["name"]}
+
+
+def test_rdma_replicas_request_the_shared_device_and_servers_do_not(
+    example_plans: dict[str, Plan],
+) -> None:
+    """The RDMA shared device plugin's resource is the only way onto the HCAs: a replica
+    without it trains over TCP at a fraction of the speed, silently."""
+    view = PlatformView(example_plans["onprem"].outputs)
+    pool = view.pool("a100-roce")
+    assert pool is not None
+    assert pool["profile"]["sharedDevices"] == ["rdma/rdma_shared_device_a"]
+    spec = dataclasses.replace(load_job(DEMO), team="speech", pool="a100-roce")
+    for task in render(spec, view, "speech")["spec"]["tasks"]:
+        resources = task["template"]["spec"]["containers"][0]["resources"]
+        assert resources["requests"]["rdma/rdma_shared_device_a"] == "1", task["name"]
+        assert resources["limits"]["rdma/rdma_shared_device_a"] == "1", task["name"]
+
+
+@pytest.mark.parametrize(
+    ("cpu", "memory", "problems"),
+    [
+        ("192", "2048Gi", []),  # a p5.48xlarge exactly
+        ("192000m", "2Ti", []),
+        ("193", "2048Gi", ["job.spec.workers.cpu"]),
+        ("192", "2049Gi", ["job.spec.workers.memory"]),
+        ("192001m", "2097153Mi", ["job.spec.workers.cpu", "job.spec.workers.memory"]),
+    ],
+    ids=["exact", "exact-other-units", "cpu-over", "memory-over", "both-over-in-small-units"],
+)
+def test_a_replica_may_take_a_whole_node_and_no_more(
+    view: PlatformView, cpu: str, memory: str, problems: list[str]
+) -> None:
+    """A replica no node can hold keeps the gang pending forever, so it is refused; one that
+    takes a node's every CPU and byte fits (requests are compared with the node's capacity,
+    whatever units they are written in)."""
+    spec = load_job(DEMO)
+    pool = view.pool(spec.pool)
+    assert pool is not None
+    assert pool["instanceType"] == "p5.48xlarge"
+    resources = dataclasses.replace(
+        spec.workers.resources, cpu=cpu, memory=memory, cpu_limit=cpu, memory_limit=memory
+    )
+    big = dataclasses.replace(spec, workers=dataclasses.replace(spec.workers, resources=resources))
+    found = [i.split(":")[0] for i in issues_of(big, view)]
+    assert found == problems
