@@ -246,9 +246,11 @@ def test_max_duration_checkpoints_and_exits_deadline_across_restarts(
     tmp_path: Path, run_job: RunJob
 ) -> None:
     # The deadline is counted from the job's first start, kept in the checkpoint directory. It
-    # leaves the workers time to start (torch import, process group) on a loaded 2-core machine:
-    # at 4 s, a deadline that came before the first step left nothing to checkpoint.
-    first = run_job(tmp_path, args=("--step-sleep", "0.3"), TRAINSTACK_MAX_DURATION_S="12")
+    # leaves the workers time to start (torch import, process group) on a loaded 2-core machine
+    # (at 4 s, a deadline that came before the first step left nothing to checkpoint), and the
+    # job is far longer than it (1000 steps of 0.3 s), so it cannot finish first on an idle one.
+    long_job = ("--step-sleep", "0.3", "--steps", "1000")
+    first = run_job(tmp_path, args=long_job, TRAINSTACK_MAX_DURATION_S="12")
     assert first.code == ExitCode.DEADLINE_EXCEEDED, first.output[-3000:]
     assert "deadline_exceeded" in first.termination()
     assert committed_steps(first.checkpoints), "no checkpoint was taken at the deadline"
