@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from trainstack.builders.fabric import (
     EFA_RESOURCE,
     OBSOLETE_EFA_ENV,
+    FabricProfile,
     divisors,
     efa_network_interfaces,
     efa_profile,
@@ -60,6 +61,8 @@ def test_every_interface_carries_the_security_group() -> None:
 def test_efa_on_a_type_without_efa_is_an_error() -> None:
     with pytest.raises(ValueError, match=r"g5\.xlarge has no EFA"):
         efa_network_interfaces(lookup("g5.xlarge"), [])
+    with pytest.raises(ValueError, match=r"g5\.xlarge has no EFA"):
+        efa_profile(lookup("g5.xlarge"))
 
 
 @pytest.mark.parametrize(("name", "efa"), [("p5.48xlarge", 32), ("p5en.48xlarge", 16)])
@@ -184,33 +187,40 @@ def test_socket_ifname_must_name_a_pod_interface(
 
 # -- behaviours stated one at a time (issue 25) ------------------------------------------------
 
-PROFILES = {
-    "efa": efa_profile(lookup("p5.48xlarge")),
-    "roce": _roce(secondary_network="default/roce-net"),
-    "infiniband": rdma_profile(
-        "infiniband", gpus_per_node=8, resource="rdma/ib", hcas="mlx5", socket_ifname="ib0"
-    ),
-    "tcp": tcp_profile(4, "eth0"),
-}
+FABRICS = ("efa", "roce", "infiniband", "tcp")
 
 
-@pytest.mark.parametrize("fabric", PROFILES)
+def made(fabric: str) -> FabricProfile:
+    """One profile per fabric, made inside the test that reads it (a module-level value would
+    be made once, before `make mutation` activates a mutant)."""
+    if fabric == "efa":
+        return efa_profile(lookup("p5.48xlarge"))
+    if fabric == "roce":
+        return _roce(secondary_network="default/roce-net")
+    if fabric == "infiniband":
+        return rdma_profile(
+            "infiniband", gpus_per_node=8, resource="rdma/ib", hcas="mlx5", socket_ifname="ib0"
+        )
+    return tcp_profile(4, "eth0")
+
+
+@pytest.mark.parametrize("fabric", FABRICS)
 def test_the_job_layer_reads_back_the_profile_the_pools_publish(fabric: str) -> None:
     """The platform stack publishes each pool's profile (to_json) and team stacks rebuild it
     (jobs/platform.py profile): a key written under another name than the one read would be
     dropped without a word, e.g. jobs losing their RDMA devices."""
-    published = PROFILES[fabric]
+    published = made(fabric)
     assert published.fabric == fabric
     assert profile({"profile": json.loads(json.dumps(published.to_json()))}) == published
 
 
-@pytest.mark.parametrize("fabric", PROFILES)
+@pytest.mark.parametrize("fabric", FABRICS)
 def test_nccl_error_handling_is_torchs_own(fabric: str) -> None:
     """Every fabric dumps NCCL's flight recorder on a watchdog timeout, and none sets
     TORCH_NCCL_ASYNC_ERROR_HANDLING: 1 would make the watchdog abort the communicators, an
     abort known to hang (pytorch/pytorch#110723); torch's default, 3, tears down without it,
     and the runtime's supervisor passes that to its workers (docs/runtime.md)."""
-    env = PROFILES[fabric].env
+    env = made(fabric).env
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env
 
@@ -230,31 +240,31 @@ NCCL_ENV = {
 }
 
 
-@pytest.mark.parametrize("fabric", PROFILES)
+@pytest.mark.parametrize("fabric", FABRICS)
 def test_each_fabrics_nccl_environment(fabric: str) -> None:
     """Bootstrap on the named (or not excluded) interface; EFA through aws-ofi-nccl's tuner;
     RDMA fabrics through their HCAs; TCP with verbs off, so NCCL never tries InfiniBand."""
-    assert PROFILES[fabric].env == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", **NCCL_ENV[fabric]}
+    assert made(fabric).env == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", **NCCL_ENV[fabric]}
 
 
 def test_roce_gid_index_and_tcp_shares() -> None:
     assert _roce(gid_index=5).env["NCCL_IB_GID_INDEX"] == "5"
-    assert (PROFILES["tcp"].gpus_per_node, PROFILES["tcp"].shared_devices) == (4, ())
-    assert PROFILES["tcp"].resources_for(2) == {"nvidia.com/gpu": "2"}
+    assert (made("tcp").gpus_per_node, made("tcp").shared_devices) == (4, ())
+    assert made("tcp").resources_for(2) == {"nvidia.com/gpu": "2"}
 
 
 def test_an_efa_profile_offers_every_efa_device_and_hugepages() -> None:
     p5 = lookup("p5.48xlarge")
-    assert PROFILES["efa"].to_json() == {
+    assert made("efa").to_json() == {
         "fabric": "efa",
         "gpusPerNode": 8,
         "devicesPerNode": {EFA_RESOURCE: p5.efa_devices},
         "hugepagesMiPerNode": 640 * 8,  # 5120Mi for an 8-GPU pod (awsome-distributed-training)
         "sharedDevices": [],
         "secondaryNetwork": None,
-        "env": dict(sorted(PROFILES["efa"].env.items())),
+        "env": dict(sorted(made("efa").env.items())),
     }
-    assert PROFILES["efa"].resources_for(8) == {
+    assert made("efa").resources_for(8) == {
         "nvidia.com/gpu": "8",
         EFA_RESOURCE: str(p5.efa_devices),
         "hugepages-2Mi": "5120Mi",
@@ -264,7 +274,7 @@ def test_an_efa_profile_offers_every_efa_device_and_hugepages() -> None:
 @pytest.mark.parametrize("gpus", [0, -1, 9, 16])
 def test_a_share_outside_the_node_is_refused(gpus: int) -> None:
     with pytest.raises(ValueError, match="does not divide a 8-GPU node"):
-        PROFILES["roce"].resources_for(gpus)
+        made("roce").resources_for(gpus)
 
 
 def test_divisors() -> None:

@@ -50,7 +50,10 @@ FIRM = {"h100": 16, "h200": 8, "l40s": 0}
 
 
 def config(
-    teams: list[dict[str, Any]], groups: list[dict[str, Any]] | None = None, **sched: Any
+    teams: list[dict[str, Any]],
+    groups: list[dict[str, Any]] | None = None,
+    pools: list[dict[str, Any]] | None = None,
+    **sched: Any,
 ) -> PlatformConfig:
     doc = {
         "cloud": "aws",
@@ -62,7 +65,7 @@ def config(
                 "availabilityZones": ["us-east-1a", "us-east-1b"],
             },
         },
-        "gpuPools": POOLS,
+        "gpuPools": POOLS if pools is None else pools,
         "registry": {"groups": groups or [], "teams": teams},
         "scheduling": sched,
     }
@@ -622,7 +625,13 @@ def test_volcano_values(environment: str, cloud: str) -> None:
         "scheduler_replicas": 2 if environment == "production" else 1,
     }
     text = s.volcano_values(cfg)["custom"]["scheduler_config_override"]
-    assert text.startswith("actions: "), "written in the order Volcano's docs use"
+    # in the order docs/scheduling.md and Volcano's own examples write it, not sorted
+    assert [line.split(":")[0] for line in text.splitlines() if line[0].isalpha()] == [
+        "actions",
+        "tiers",
+        *(["configurations"] if cfg.scheduling.preemption else []),
+    ]
+    assert "- name: gang\n    enablePreemptable: false\n" in text
 
 
 def test_what_team_stacks_read() -> None:
@@ -641,3 +650,37 @@ def test_what_team_stacks_read() -> None:
     assert output["priorityClasses"]["normal"] == {"className": "trainstack-normal", "value": 1000}
     assert set(output["priorityClasses"]) == set(s.PRIORITY_CLASSES)
     assert output["capacity"]["dimensions"] == s.dimensions(cfg)
+
+
+def test_only_pools_in_a_placement_group_get_a_hypernode_in_any_order() -> None:
+    """A pool without a placement group (l40s, spot across zones) has no topology to keep a
+    job in; the pools listed after it still get theirs."""
+    pools = [POOLS[2], POOLS[0], POOLS[1]]
+    names = {
+        n["metadata"]["name"] for n in s.hypernodes(config([team("a", 0, ["h100"])], pools=pools))
+    }
+    assert names == {"pool-h100", "pool-h200", "zone-us-east-1a", "zone-us-east-1b"}
+
+
+def test_a_group_without_teams_has_no_queue_and_the_next_group_has_its_own() -> None:
+    groups = [
+        {"name": "empty", "owners": ["e@example.com"]},
+        {"name": "g", "owners": ["g@example.com"]},
+    ]
+    cfg = config([{**team("a", 8, ["h100"]), "group": "g"}], groups=groups)
+    assert [q["metadata"]["name"] for q in s.queues(cfg)] == ["trainstack", "group-g", "a"]
+
+
+def test_a_resource_scarcer_than_gpus_keeps_its_fraction_per_gpu() -> None:
+    """A p4d node has 4 EFA devices for 8 GPUs: half a device per GPU, so 8 GPUs of
+    capability carry 4 EFA devices, not 8 (a queue may not claim what no node has)."""
+    p4d = {
+        "name": "a100",
+        "instanceType": "p4d.24xlarge",
+        "fabric": "efa",
+        "availabilityZone": "us-east-1a",
+        "size": {"min": 1, "max": 1},
+    }
+    cfg = config([team("a", 8, ["a100"])], pools=[p4d])
+    assert s.pools_shape(cfg, ["a100"])["vpc.amazonaws.com/efa"] == 0.5
+    assert s.team_quotas(cfg, cfg.registry.teams[0])["capability"]["vpc.amazonaws.com/efa"] == "4"

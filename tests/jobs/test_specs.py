@@ -14,7 +14,13 @@ from tests.conftest import ROOT
 from trainstack.config import ConfigError
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.render import platform_issues
-from trainstack.jobs.spec import cpu_millis, intrinsic_issues, load_job, memory_bytes, parse_job
+from trainstack.jobs.spec import (
+    cpu_millis,
+    intrinsic_issues,
+    load_job,
+    memory_bytes,
+    parse_job,
+)
 from trainstack.preview.plan import Plan
 
 INVALID = sorted((Path(__file__).parent / "fixtures" / "invalid").glob("*.yaml"))
