@@ -12,7 +12,8 @@ PREVIEW_STAMP := $(VENV)/.preview-stamp
 TORCH_INDEX_URL ?=
 
 .PHONY: setup preview test lint typecheck unit faults goldens bench-runtime bench-preview clean \
-	e2e-tools e2e bench-scheduling fuzz policy-config help setup-preview packaging bench-prewarm
+	e2e-tools e2e bench-scheduling fuzz policy-config help setup-preview packaging bench-prewarm \
+	mutation
 
 # `make` alone lists the targets: each described by the `## ` line right above its rule.
 .DEFAULT_GOAL := help
@@ -82,6 +83,18 @@ fuzz: setup
 	echo "fuzz seed: $$seed (FUZZ_SEED=$$seed make fuzz repeats this run)"; \
 	TRAINSTACK_FUZZ_MUTANTS=20000 TRAINSTACK_FUZZ_PREVIEWS=1000 TRAINSTACK_FUZZ_RANDOM=1 \
 		$(BIN)/pytest -q --timeout=0 --hypothesis-seed=$$seed tests/fuzz
+
+# Mutation testing (mutmut) of the core modules, each against its own test files only
+# (tests/mutation/run.py, docs/testing.md): on demand, never in `make test` or CI. A seeded
+# sample per module, MUTATION_SAMPLE mutants (0: all) from MUTATION_SEED; about 30 minutes on
+# 2 cores. MUTATION_MODULES picks modules (scheduling rules spec render fabric).
+MUTATION_SAMPLE ?= 60
+MUTATION_SEED ?= 25
+MUTATION_MODULES ?=
+## mutation score per core module against its own tests (slow)
+mutation: setup
+	$(BIN)/python -m tests.mutation.run --sample $(MUTATION_SAMPLE) --seed $(MUTATION_SEED) \
+		$(MUTATION_MODULES)
 
 # The CrossGuard pack's --policy-pack-config files, policies/config/<stack>.json, from the stack
 # files (docs/policies.md); `make test` fails while a checked-in one is stale.
