@@ -86,7 +86,7 @@ fuzz: setup
 
 # Mutation testing (mutmut) of the core modules, each against its own test files only
 # (tests/mutation/run.py, docs/testing.md): on demand, never in `make test` or CI. A seeded
-# sample per module, MUTATION_SAMPLE mutants (0: all) from MUTATION_SEED; about 30 minutes on
+# sample per module, MUTATION_SAMPLE mutants (0: all) from MUTATION_SEED; about 45 minutes on
 # 2 cores. MUTATION_MODULES picks modules (scheduling rules spec render fabric).
 MUTATION_SAMPLE ?= 60
 MUTATION_SEED ?= 25

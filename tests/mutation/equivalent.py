@@ -47,6 +47,12 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         'rstrip("XXGiMXX")',
         "adds X to the stripped characters; no quantity written here contains an X",
     ),
+    Equivalent(
+        SCHEDULING,
+        "volcano_values",
+        "sort_keys=None",
+        "PyYAML tests sort_keys for truth (`if self.sort_keys`): None is False",
+    ),
     Equivalent(SCHEDULING, "pools_shape", "XXthe loader guarantees", LOADER_GUARANTEE),
     Equivalent(SCHEDULING, "pools_shape", "THE LOADER GUARANTEES", LOADER_GUARANTEE),
     Equivalent(SCHEDULING, "pools_resources", "XXthe loader guarantees", LOADER_GUARANTEE),
