@@ -37,6 +37,8 @@ $(STAMP): $(PREVIEW_STAMP) images/runtime/pyproject.toml images/prewarm/pyprojec
 		"$$($(BIN)/python -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["torch"][0])')"
 	$(BIN)/python -m pip install -q -e '.[dev]' -e images/runtime -e images/prewarm \
 		-e images/deadlines
+	# The CSI spec's modules for the cache agent, from its Go module (sha256-pinned, cached).
+	$(BIN)/python -m trainstack_prewarm.csi_proto
 	touch $@
 
 ## create .venv with the platform only: what `make preview` needs

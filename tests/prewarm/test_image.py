@@ -50,17 +50,18 @@ def _requirement_names(dist: str) -> set[str]:
 
 def test_pins_agree_with_the_installed_packages() -> None:
     project = tomllib.loads((IMAGE / "pyproject.toml").read_text())["project"]
-    assert project["dependencies"] == [f"boto3=={metadata.version('boto3')}"]
+    roots = ["boto3", "grpcio", "protobuf"]
+    assert project["dependencies"] == [f"{name}=={metadata.version(name)}" for name in roots]
     assert project["scripts"] == {"trainstack-prewarm": "trainstack_prewarm.cli:main"}
     pins = dict(
         line.split("==")
         for line in (IMAGE / "constraints.txt").read_text().splitlines()
         if line and not line.startswith("#")
     )
-    assert pins["boto3"] == metadata.version("boto3")
-    # The image's constraints cover boto3's whole dependency tree, nothing more.
+    assert {name: pins[name] for name in roots} == {n: metadata.version(n) for n in roots}
+    # The image's constraints cover the whole dependency tree, nothing more.
     tree: set[str] = set()
-    todo = ["boto3"]
+    todo = list(roots)
     while todo:
         name = todo.pop()
         if name not in tree:

@@ -439,15 +439,19 @@ def last_used(vdir: Path) -> float:
 
 
 def version_dirs(cache_root: Path) -> list[Path]:
-    """Every ``<dataset>/<version>`` directory under a cache root."""
+    """Every ``<dataset>/<version>`` directory under a cache root.
+
+    Only valid names: the node agent keeps its own state in ``<cache>/.agent`` (never a
+    dataset name), which eviction must not take for a version.
+    """
     out: list[Path] = []
     try:
-        datasets = sorted(p for p in cache_root.iterdir() if p.is_dir())
+        datasets = sorted(p for p in cache_root.iterdir() if p.is_dir() and _NAME.match(p.name))
     except OSError:
         return out
     for ds in datasets:
         with contextlib.suppress(OSError):
-            out.extend(sorted(p for p in ds.iterdir() if p.is_dir()))
+            out.extend(sorted(p for p in ds.iterdir() if p.is_dir() and _NAME.match(p.name)))
     return out
 
 

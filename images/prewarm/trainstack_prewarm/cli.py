@@ -14,7 +14,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from trainstack_prewarm import cache
+from trainstack_prewarm import agent as node_agent
+from trainstack_prewarm import cache, csi
 from trainstack_prewarm.errors import ExitCode, IncompleteCacheError, PrewarmError, UsageError
 from trainstack_prewarm.fetch import (
     DEFAULT_FILE_ROUNDS,
@@ -32,7 +33,7 @@ from trainstack_prewarm.limits import (
 )
 from trainstack_prewarm.log import JsonLog
 from trainstack_prewarm.retry import RetryPolicy
-from trainstack_prewarm.sources import make_s3_client, open_source
+from trainstack_prewarm.sources import Source, make_s3_client, open_source
 
 DEFAULT_CACHE = "/mnt/k8s-disks/0/cache"
 
@@ -90,6 +91,93 @@ def _add_target(p: argparse.ArgumentParser, *, allow_dir: bool) -> None:
     p.add_argument("--workers", type=_positive_int, default=8, help="hashing threads")
 
 
+def _add_fetch_tuning(p: argparse.ArgumentParser) -> None:
+    """How a fetch runs: shared by `fetch` and the node `agent`."""
+    p.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=8,
+        help="simultaneous transfers per source (bucket or filesystem)",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=_positive_int,
+        default=8,
+        help="attempts per request before giving up",
+    )
+    p.add_argument("--base-backoff", type=_non_negative, default=0.5, metavar="SECONDS")
+    p.add_argument("--max-backoff", type=_non_negative, default=20.0, metavar="SECONDS")
+    p.add_argument(
+        "--lock-timeout",
+        type=_non_negative,
+        default=3600.0,
+        metavar="SECONDS",
+        help="wait this long for another fetcher of the same version",
+    )
+    p.add_argument(
+        "--start-jitter",
+        type=_non_negative,
+        default=DEFAULT_START_JITTER_S,
+        metavar="SECONDS",
+        help="sleep uniformly in [0, SECONDS] before the first request (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-request-rate",
+        type=_non_negative,
+        default=DEFAULT_MAX_RATE,
+        metavar="PER_SECOND",
+        help="requests/s per source from this node; halves on throttling and grows back "
+        "slowly (default %(default)s; 0: off, botocore's adaptive mode paces instead)",
+    )
+    p.add_argument(
+        "--retry-budget",
+        type=_non_negative,
+        default=DEFAULT_RETRY_BUDGET,
+        metavar="N",
+        help="retries shared by all workers, refilled 0.1 per success (default %(default)s)",
+    )
+    p.add_argument(
+        "--file-rounds",
+        type=int,
+        default=DEFAULT_FILE_ROUNDS,
+        metavar="N",
+        help="later rounds for files that failed transiently (default %(default)s)",
+    )
+    p.add_argument(
+        "--part-size",
+        type=_size,
+        default=DEFAULT_PART_SIZE,
+        metavar="BYTES",
+        help="ranged part size for large objects (default 64M)",
+    )
+    p.add_argument(
+        "--ranged-threshold",
+        type=_size,
+        default=DEFAULT_RANGED_THRESHOLD,
+        metavar="BYTES",
+        help="objects at least this large are fetched in parallel ranged parts (default 128M)",
+    )
+    p.add_argument(
+        "--no-evict",
+        action="store_true",
+        help="never evict other versions to make room (default: LRU versions no pod holds)",
+    )
+    p.add_argument("--progress-interval", type=_non_negative, default=10.0, metavar="SECONDS")
+    depth = p.add_mutually_exclusive_group()
+    depth.add_argument(
+        "--deep",
+        action="store_true",
+        help="re-hash a complete cache before trusting it (default: marker and sizes)",
+    )
+    depth.add_argument("--quick", action="store_true", help="marker and sizes (the default)")
+    p.add_argument(
+        "--endpoint-url",
+        default=None,
+        help="S3 endpoint (default: boto3's; AWS_ENDPOINT_URL_S3 also works)",
+    )
+    p.add_argument("--region", default=None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainstack-prewarm",
@@ -103,89 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--dataset", required=True)
     fetch.add_argument("--version", required=True)
     fetch.add_argument("--cache", default=os.environ.get("TRAINSTACK_CACHE_ROOT", DEFAULT_CACHE))
-    fetch.add_argument(
-        "--concurrency",
-        type=_positive_int,
-        default=8,
-        help="simultaneous transfers per source (bucket or filesystem)",
-    )
-    fetch.add_argument(
-        "--max-attempts",
-        type=_positive_int,
-        default=8,
-        help="attempts per request before giving up",
-    )
-    fetch.add_argument("--base-backoff", type=_non_negative, default=0.5, metavar="SECONDS")
-    fetch.add_argument("--max-backoff", type=_non_negative, default=20.0, metavar="SECONDS")
-    fetch.add_argument(
-        "--lock-timeout",
-        type=_non_negative,
-        default=3600.0,
-        metavar="SECONDS",
-        help="wait this long for another fetcher of the same version",
-    )
-    fetch.add_argument(
-        "--start-jitter",
-        type=_non_negative,
-        default=DEFAULT_START_JITTER_S,
-        metavar="SECONDS",
-        help="sleep uniformly in [0, SECONDS] before the first request (default %(default)s)",
-    )
-    fetch.add_argument(
-        "--max-request-rate",
-        type=_non_negative,
-        default=DEFAULT_MAX_RATE,
-        metavar="PER_SECOND",
-        help="requests/s per source from this node; halves on throttling and grows back "
-        "slowly (default %(default)s; 0: off, botocore's adaptive mode paces instead)",
-    )
-    fetch.add_argument(
-        "--retry-budget",
-        type=_non_negative,
-        default=DEFAULT_RETRY_BUDGET,
-        metavar="N",
-        help="retries shared by all workers, refilled 0.1 per success (default %(default)s)",
-    )
-    fetch.add_argument(
-        "--file-rounds",
-        type=int,
-        default=DEFAULT_FILE_ROUNDS,
-        metavar="N",
-        help="later rounds for files that failed transiently (default %(default)s)",
-    )
-    fetch.add_argument(
-        "--part-size",
-        type=_size,
-        default=DEFAULT_PART_SIZE,
-        metavar="BYTES",
-        help="ranged part size for large objects (default 64M)",
-    )
-    fetch.add_argument(
-        "--ranged-threshold",
-        type=_size,
-        default=DEFAULT_RANGED_THRESHOLD,
-        metavar="BYTES",
-        help="objects at least this large are fetched in parallel ranged parts (default 128M)",
-    )
-    fetch.add_argument(
-        "--no-evict",
-        action="store_true",
-        help="never evict other versions to make room (default: LRU versions no pod holds)",
-    )
-    fetch.add_argument("--progress-interval", type=_non_negative, default=10.0, metavar="SECONDS")
-    depth = fetch.add_mutually_exclusive_group()
-    depth.add_argument(
-        "--deep",
-        action="store_true",
-        help="re-hash a complete cache before trusting it (default: marker and sizes)",
-    )
-    depth.add_argument("--quick", action="store_true", help="marker and sizes (the default)")
-    fetch.add_argument(
-        "--endpoint-url",
-        default=None,
-        help="S3 endpoint (default: boto3's; AWS_ENDPOINT_URL_S3 also works)",
-    )
-    fetch.add_argument("--region", default=None)
+    _add_fetch_tuning(fetch)
 
     verify = sub.add_parser("verify", help="exit 0 only if the cache is complete (gate)")
     _add_target(verify, allow_dir=True)
@@ -214,6 +220,33 @@ def build_parser() -> argparse.ArgumentParser:
         "percentage of the volume)",
     )
 
+    agent = sub.add_parser(
+        "agent", help="node agent: the CSI node service that publishes cached versions"
+    )
+    agent.add_argument("--cache", default=os.environ.get("TRAINSTACK_CACHE_ROOT", DEFAULT_CACHE))
+    agent.add_argument(
+        "--csi-endpoint",
+        default=os.environ.get("CSI_ENDPOINT", "unix:///csi/csi.sock"),
+        help="the unix socket the kubelet (through node-driver-registrar) calls",
+    )
+    agent.add_argument("--node-id", default=os.environ.get("NODE_NAME", ""), required=False)
+    agent.add_argument(
+        "--allow-source",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="a source prefix volumes may name (repeatable); others are refused",
+    )
+    agent.add_argument(
+        "--publish-wait",
+        type=_non_negative,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long a publish waits for its fill before asking the kubelet to retry",
+    )
+    agent.add_argument("--fill-workers", type=_positive_int, default=4, metavar="N")
+    _add_fetch_tuning(agent)
+
     wait = sub.add_parser("wait", help="poll until the cache is complete, then verify it")
     _add_target(wait, allow_dir=True)
     wait.add_argument("--timeout", type=_non_negative, default=3600.0, metavar="SECONDS")
@@ -231,20 +264,26 @@ def _target_dir(args: argparse.Namespace) -> Path:
     return cache.version_dir(Path(args.cache), args.dataset, args.version)
 
 
-def _fetch(args: argparse.Namespace, log: JsonLog) -> int:
+def _fetch_setup(
+    args: argparse.Namespace,
+) -> tuple[FetchOptions, SourceLimiter, Callable[[str], Source]]:
+    """Options, the node's limiter and a source opener from the tuning flags."""
     retry = RetryPolicy(args.max_attempts, args.base_backoff, args.max_backoff)
     if args.file_rounds < 0:
         raise UsageError("--file-rounds must be >= 0")
     rate_limited = args.max_request_rate > 0
-    source = open_source(
-        args.source,
-        s3_client_factory=lambda: make_s3_client(
-            endpoint_url=args.endpoint_url,
-            region=args.region,
-            max_connections=max(10, args.concurrency + 2),
-            adaptive=not rate_limited,
-        ),
-    )
+
+    def opener(location: str) -> Source:
+        return open_source(
+            location,
+            s3_client_factory=lambda: make_s3_client(
+                endpoint_url=args.endpoint_url,
+                region=args.region,
+                max_connections=max(10, args.concurrency + 2),
+                adaptive=not rate_limited,
+            ),
+        )
+
     options = FetchOptions(
         concurrency=args.concurrency,
         retry=retry,
@@ -261,15 +300,53 @@ def _fetch(args: argparse.Namespace, log: JsonLog) -> int:
         max_rate=args.max_request_rate if rate_limited else None,
         retry_budget=args.retry_budget,
     )
+    return options, SourceLimiter(args.concurrency, rate=rate), opener
+
+
+def _fetch(args: argparse.Namespace, log: JsonLog) -> int:
+    options, limiter, opener = _fetch_setup(args)
     Fetcher(
-        source,
+        opener(args.source),
         Path(args.cache),
         args.dataset,
         args.version,
         options=options,
-        limiter=SourceLimiter(args.concurrency, rate=rate),
+        limiter=limiter,
         log=log,
     ).run()
+    return ExitCode.OK
+
+
+def _agent(args: argparse.Namespace, log: JsonLog) -> int:
+    """The node agent: serve the CSI node service until terminated (docs/prewarm.md)."""
+    options, limiter, opener = _fetch_setup(args)  # one limiter: the node's request rate
+    root = Path(args.cache)
+
+    def fill(req: node_agent.VersionRequest) -> object:
+        fetcher = Fetcher(
+            opener(req.source),
+            root,
+            req.dataset,
+            req.version,
+            options=options,
+            limiter=limiter,
+            log=log,
+        )
+        return fetcher.run()
+
+    if not args.allow_source:
+        raise UsageError("--allow-source: at least one source prefix the agent may fetch")
+    agent = node_agent.CacheAgent(
+        root,
+        fill=fill,
+        mounter=node_agent.SystemMounter(),
+        allowed_sources=args.allow_source,
+        log=log,
+        fill_workers=args.fill_workers,
+    )
+    agent.recover()  # before serving: holds of the volumes still mounted
+    server = csi.serve(agent, args.csi_endpoint, args.node_id, publish_wait_s=args.publish_wait)
+    server.wait_for_termination()
     return ExitCode.OK
 
 
@@ -372,14 +449,15 @@ def main(
 ) -> int:
     args = build_parser().parse_args(argv)
     log = log or JsonLog()
+    commands: dict[str, Callable[[], int]] = {
+        "fetch": lambda: _fetch(args, log),
+        "verify": lambda: _verify(args, log, sleep, clock, execvp),
+        "evict": lambda: _evict(args, log),
+        "agent": lambda: _agent(args, log),
+        "wait": lambda: _wait(args, log, sleep, clock),
+    }
     try:
-        if args.subcommand == "fetch":
-            return _fetch(args, log)
-        if args.subcommand == "verify":
-            return _verify(args, log, sleep, clock, execvp)
-        if args.subcommand == "evict":
-            return _evict(args, log)
-        return _wait(args, log, sleep, clock)
+        return commands[args.subcommand]()
     except PrewarmError as exc:
         log(
             "error",

@@ -1,0 +1,135 @@
+"""CSI Identity and Node services of the cache agent (CSI spec v1.12.0, ephemeral volumes).
+
+The kubelet calls NodePublishVolume for a pod's inline ``csi`` volume of driver
+:data:`DRIVER_NAME` before any of the pod's containers start, and NodeUnpublishVolume once
+the pod is gone. There is no controller service and no staging (the CSIDriver object says
+``attachRequired: false``, ``volumeLifecycleModes: [Ephemeral]``, ``podInfoOnMount: true``).
+
+Errors map onto gRPC codes the kubelet retries with backoff: a fill still under way is
+ABORTED ("operation pending", CSI spec, NodePublishVolume errors) and the next call joins
+the same fill; a source the agent may not read, or bad attributes, INVALID_ARGUMENT; a fill
+that failed, FAILED_PRECONDITION with the fetcher's message (seen in the pod's events).
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from trainstack_prewarm import __version__, csi_proto
+from trainstack_prewarm.agent import CacheAgent, PublishPending, VersionRequest
+from trainstack_prewarm.errors import (
+    LocalCacheError,
+    LockTimeoutError,
+    PrewarmError,
+    SourceError,
+    UsageError,
+)
+
+DRIVER_NAME = "cache.trainstack.io"
+EPHEMERAL_KEY = "csi.storage.k8s.io/ephemeral"
+POD_NAMESPACE_KEY = "csi.storage.k8s.io/pod.namespace"
+POD_NAME_KEY = "csi.storage.k8s.io/pod.name"
+# Leave the kubelet's call this much of its deadline to receive our answer.
+DEADLINE_MARGIN_S = 5.0
+DEFAULT_PUBLISH_WAIT_S = 60.0
+
+
+def _code(exc: PrewarmError) -> grpc.StatusCode:
+    if isinstance(exc, PublishPending | LockTimeoutError):
+        return grpc.StatusCode.ABORTED
+    if isinstance(exc, UsageError | SourceError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, LocalCacheError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    return grpc.StatusCode.FAILED_PRECONDITION
+
+
+def servicers(
+    agent: CacheAgent, node_id: str, *, publish_wait_s: float = DEFAULT_PUBLISH_WAIT_S
+) -> tuple[Any, Any]:
+    """(IdentityServicer, NodeServicer) instances bound to ``agent``."""
+    pb2, stubs = csi_proto.load()
+    identity_base: Any = stubs.IdentityServicer
+    node_base: Any = stubs.NodeServicer
+
+    class Identity(identity_base):  # type: ignore[misc]
+        def GetPluginInfo(self, _request: Any, _context: Any) -> Any:
+            return pb2.GetPluginInfoResponse(name=DRIVER_NAME, vendor_version=__version__)
+
+        def GetPluginCapabilities(self, _request: Any, _context: Any) -> Any:
+            return pb2.GetPluginCapabilitiesResponse()  # node service only, no controller
+
+        def Probe(self, _request: Any, _context: Any) -> Any:
+            return pb2.ProbeResponse()
+
+    class Node(node_base):  # type: ignore[misc]
+        def NodeGetInfo(self, _request: Any, _context: Any) -> Any:
+            return pb2.NodeGetInfoResponse(node_id=node_id)
+
+        def NodeGetCapabilities(self, _request: Any, _context: Any) -> Any:
+            return pb2.NodeGetCapabilitiesResponse()  # no STAGE_UNSTAGE_VOLUME
+
+        def NodePublishVolume(self, request: Any, context: Any) -> Any:
+            attrs = dict(request.volume_context)
+            if not request.volume_id or not request.target_path:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_id and target_path")
+            if request.volume_capability.WhichOneof("access_type") != "mount":
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "only mount volumes")
+            if attrs.get(EPHEMERAL_KEY, "true") != "true":
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "only ephemeral inline volumes")
+            wait_s = publish_wait_s
+            remaining = context.time_remaining()
+            if remaining is not None:
+                wait_s = min(wait_s, remaining - DEADLINE_MARGIN_S)
+            try:
+                req = VersionRequest.from_attributes(attrs)
+                agent.publish(request.volume_id, Path(request.target_path), req, wait_s=wait_s)
+            except PrewarmError as exc:
+                agent.log(
+                    "publish_failed",
+                    volume=request.volume_id,
+                    pod=f"{attrs.get(POD_NAMESPACE_KEY, '?')}/{attrs.get(POD_NAME_KEY, '?')}",
+                    kind=type(exc).__name__,
+                    error=exc.message,
+                )
+                context.abort(_code(exc), exc.message)
+            return pb2.NodePublishVolumeResponse()
+
+        def NodeUnpublishVolume(self, request: Any, context: Any) -> Any:
+            if not request.volume_id or not request.target_path:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_id and target_path")
+            try:
+                agent.unpublish(request.volume_id, Path(request.target_path))
+            except PrewarmError as exc:
+                context.abort(_code(exc), exc.message)
+            except OSError as exc:  # umount failed: the kubelet retries
+                context.abort(grpc.StatusCode.INTERNAL, f"unmount: {exc}")
+            return pb2.NodeUnpublishVolumeResponse()
+
+    return Identity(), Node()
+
+
+def serve(
+    agent: CacheAgent,
+    endpoint: str,
+    node_id: str,
+    *,
+    publish_wait_s: float = DEFAULT_PUBLISH_WAIT_S,
+    workers: int = 16,
+) -> grpc.Server:
+    """Start the CSI server on ``endpoint`` (``unix:///csi/csi.sock`` or a path); returns it."""
+    _, stubs = csi_proto.load()
+    path = endpoint.removeprefix("unix://")
+    Path(path).unlink(missing_ok=True)  # a socket left by the previous agent
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
+    identity, node = servicers(agent, node_id, publish_wait_s=publish_wait_s)
+    stubs.add_IdentityServicer_to_server(identity, server)
+    stubs.add_NodeServicer_to_server(node, server)
+    server.add_insecure_port(f"unix://{path}")
+    server.start()
+    agent.log("csi_serving", endpoint=f"unix://{path}", driver=DRIVER_NAME, node=node_id)
+    return server
