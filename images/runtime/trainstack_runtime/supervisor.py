@@ -47,7 +47,7 @@ from .deadline import DeadlineWatch, job_start
 from .exitcodes import ConfigError, Outcome, classify_failures, classify_text
 from .health import HealthPolicy, configured_port, progress_dir, serve
 from .preflight import memlock_issue
-from .topology import NodePlan, TopologyError, node_plan
+from .topology import NodePlan, TopologyError, node_plan, restartable
 
 log = logging.getLogger("trainstack.supervisor")
 FLIGHT_RECORDER_DIR = "flight-recorder"
@@ -91,6 +91,8 @@ def launch_config(plan: NodePlan, *, max_restarts: int, shutdown_timeout: int) -
     rdzv_configs: dict[str, Any] = {}
     if plan.rdzv_backend == "static":
         rdzv_configs["rank"] = plan.node_rank
+    elif plan.store_host is not None:
+        rdzv_configs["is_host"] = plan.store_host
     return LaunchConfig(
         min_nodes=lo,
         max_nodes=hi,
@@ -244,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         max_restarts = (
             args.max_restarts if args.max_restarts is not None else _env_int(ENV_MAX_RESTARTS, 0)
         )
+        plan = restartable(plan, max_restarts)
         shutdown = (
             args.shutdown_timeout
             if args.shutdown_timeout is not None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Literal
 
@@ -71,6 +71,9 @@ class NodePlan:
     rdzv_endpoint: str
     run_id: str
     source: Source
+    # c10d only: whether this pod hosts the rendezvous store; None lets torch guess from the
+    # endpoint's host name (c10d_rendezvous_backend.py, _create_tcp_store).
+    store_host: bool | None = None
 
 
 def _int(env: Mapping[str, str], name: str, *, minimum: int = 0) -> int:
@@ -300,6 +303,39 @@ def node_plan(
             "volcano-svc",
         )
     return NodePlan(1, 0, nproc, "c10d", "localhost:0", run_id, "single")
+
+
+def restartable(
+    plan: NodePlan, max_restarts: int, env: Mapping[str, str] | None = None
+) -> NodePlan:
+    """The plan to launch with when the worker group may restart in the pod.
+
+    The static rendezvous cannot restart: ``StaticTCPRendezvous.next_rendezvous`` keeps one
+    TCPStore for every round, its ``use_agent_store`` is always True, and the workers'
+    ``env://`` store is that same store without a per-round prefix
+    (torch/distributed/rendezvous.py ``_create_c10d_store``: "We create a new TCPStore for
+    every retry so no need to add prefix"). A restarted worker reads the keys its dead peers
+    left there (gloo's addresses) and fails to connect, or waits for ever (issue 22 #4).
+    The c10d dynamic rendezvous prefixes its store by round (dynamic_rendezvous.py
+    ``_wrap_store``) and, with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (the supervisor sets
+    it), gives each round's workers a new store on a fresh port; its rounds also restart the
+    other pods' workers when one pod's fail (``num_nodes_waiting``), which static does not.
+
+    So a static plan the environment only implied (pod-level variables, Volcano) becomes c10d
+    on the same endpoint, hosted by node rank 0 (the pod the endpoint names), with a fixed
+    node count; node ranks then follow the rendezvous (sorted host names), not ``RANK``. An
+    explicit ``PET_RDZV_BACKEND=static`` with restarts is refused.
+    """
+    env = os.environ if env is None else env
+    if max_restarts <= 0 or plan.rdzv_backend != "static":
+        return plan
+    if plan.source == "pet" and env.get("PET_RDZV_BACKEND") == "static":
+        raise TopologyError(
+            f"PET_RDZV_BACKEND=static cannot restart workers in the pod (max restarts "
+            f"{max_restarts}): its store keeps the dead workers' addresses; use "
+            "PET_RDZV_BACKEND=c10d, or TRAINSTACK_MAX_RESTARTS=0 and let the job restart"
+        )
+    return replace(plan, rdzv_backend="c10d", store_host=plan.node_rank == 0)
 
 
 def _free_port() -> int:
