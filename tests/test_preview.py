@@ -64,9 +64,7 @@ def test_preview_writes_the_whole_plan(tmp_path: Path) -> None:
     assert len([f for f in files if f.startswith("kubernetes/")]) == len(kube)
     assert len([f for f in files if f.startswith("aws/") and f.endswith(".json")]) == len(aws)
     assert len([f for f in files if f.startswith("helm/")]) == len(helm)
-    assert {"nvidia-device-plugin", "volcano", "local-static-provisioner"} <= {
-        r["inputs"]["name"] for r in helm
-    }
+    assert {"nvidia-device-plugin", "volcano"} <= {r["inputs"]["name"] for r in helm}
     release = yaml.safe_load((out / "helm/nvidia-device-plugin.yaml").read_text())
     assert release["chart"] == "nvidia-device-plugin"
     assert release["version"] == "0.18.2"

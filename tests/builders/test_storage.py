@@ -1,4 +1,4 @@
-"""Issue 15 #2: the NVMe cache class publishes dedicated directories, never the array.
+"""Issue 15 #2, issue 24 #1: the node cache agent gets a dedicated directory, never the array.
 
 Upstream behaviour these tests encode (read at the versions the platform uses):
 
@@ -10,19 +10,13 @@ Upstream behaviour these tests encode (read at the versions the platform uses):
   (templates/al2023/runtime/rootfs/etc/systemd/system/nodeadm-run.service): user-data shell
   parts run *before* the array exists, and nodeadm then (re)starts kubelet
   (nodeadm/internal/kubelet/daemon.go EnsureRunning -> RestartUnit, mode "replace").
-- sig-storage-local-static-provisioner v2.8.0 (chart 2.8.0): discovery makes one PV per entry
-  of the class's directory that is a mount point in /proc/mounts, and skips the others
-  (pkg/discovery/discovery.go discoverVolumesAtPath; pkg/util/volume_util_linux.go
-  IsLikelyMountPoint); with reclaimPolicy Delete it removes everything under a released PV's
-  path (pkg/deleter/deleter.go cleanFilePV -> pkg/util/volume_util.go DeleteContents). The
-  chart mounts hostDir with mountPropagation HostToContainer
-  (helm/provisioner/templates/daemonset_linux.yaml).
+- The cache agent (builders/cache.py) evicts what is under its hostPath (hostDir): so hostDir
+  must be the cache's own directory, never the array or nodeadm's state.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import posixpath
 import re
 import shlex
@@ -31,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from trainstack.builders import cache as cache_b
 from trainstack.builders import pools
-from trainstack.builders.storage import local_provisioner_values
 from trainstack.config import PlatformConfig, load_stack_file
 from trainstack.config.model import NvmeCache
 
@@ -62,15 +56,20 @@ def within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def test_the_discovery_directory_is_not_the_array(dev: PlatformConfig) -> None:
-    (cls,) = local_provisioner_values(dev)["classes"]
-    host_dir = cls["hostDir"]
+def agent_cache_dir(cfg: PlatformConfig) -> str:
+    volumes = cache_b.daemonset(cfg)["spec"]["template"]["spec"]["volumes"]
+    (cache,) = (v for v in volumes if v["name"] == "cache")
+    assert cache["hostPath"]["type"] == "Directory"  # never created on the root volume
+    path: str = cache["hostPath"]["path"]
+    return path
+
+
+def test_the_agents_directory_is_not_the_array(dev: PlatformConfig) -> None:
+    host_dir = agent_cache_dir(dev)
     assert host_dir not in ("/mnt/k8s-disks", "/mnt/k8s-disks/", ARRAY)
-    # Neither inside the array nor above it: the array root is never one of its entries.
+    # Neither inside the array nor above it: the array root is never under the agent.
     assert not within(host_dir, "/mnt/k8s-disks")
     assert not within("/mnt/k8s-disks", host_dir)
-    assert cls.get("mountDir", host_dir) == host_dir
-    assert cls["storageClass"]["reclaimPolicy"] == "Delete"  # so cleaning must be confined
 
 
 def pool_with_raid0(cfg: PlatformConfig) -> pools.GpuPool:
@@ -139,70 +138,29 @@ def bind_mounts(calls: list[list[str]]) -> list[tuple[str, str]]:
     return result
 
 
-@pytest.mark.parametrize("count", [1, 3, 8])
-def test_user_data_creates_n_directories_and_bind_mounts_them(
-    dev: PlatformConfig, tmp_path: Path, count: int
+def test_user_data_bind_mounts_one_cache_directory_of_the_array(
+    dev: PlatformConfig, tmp_path: Path
 ) -> None:
-    cache = dataclasses.replace(cache_of(dev), volumes_per_node=count)
+    cache = cache_of(dev)
     user_data = pools.node_user_data(pool_with_raid0(dev), cache)
     calls = run_with_shims(node_script(user_data), tmp_path, array_mounted=True)
-    binds = bind_mounts(calls)
-    assert len(binds) == count
-    sources = [s for s, _ in binds]
-    targets = [t for _, t in binds]
-    assert len(set(sources)) == count
-    assert len(set(targets)) == count
-    assert {posixpath.dirname(t) for t in targets} == {cache.host_dir}
-    for source in sources:
-        assert within(source, ARRAY)
-        assert source != ARRAY
-    created = [c[-1] for c in calls if c[0] in ("install", "mkdir")]
-    assert set(sources) <= set(created)  # each source directory is created before its mount
-    owners = [c for c in calls if c[0] == "install" and c[-1] in sources]
-    assert owners
-    assert all(c[c.index("-o") : c.index("-o") + 2] == ["-o", "10001"] for c in owners)
+    ((source, target),) = bind_mounts(calls)
+    assert target == cache.host_dir == agent_cache_dir(dev)
+    assert within(source, ARRAY)
+    assert source != ARRAY
+    nodeadm = [posixpath.join(ARRAY, d) for d in NODEADM_ON_ARRAY]
+    assert not any(within(n, source) or within(source, n) for n in nodeadm)
+    created = [c for c in calls if c[0] in ("install", "mkdir")]
+    assert [c[-1] for c in created] == [source, target]  # made before the mount
+    assert created[0][created[0].index("-o") : created[0].index("-o") + 2] == ["-o", "0"]
 
 
-def test_no_array_no_cache_volumes(dev: PlatformConfig, tmp_path: Path) -> None:
+def test_no_array_no_cache_directory(dev: PlatformConfig, tmp_path: Path) -> None:
     """If nodeadm made no array (no instance store found), nothing is created or mounted:
-    the directories would otherwise land on the root volume."""
+    the directory would otherwise land on the root volume."""
     user_data = pools.node_user_data(pool_with_raid0(dev), cache_of(dev))
     calls = run_with_shims(node_script(user_data), tmp_path, array_mounted=False)
     assert calls == []
-
-
-def test_reclaim_deletion_can_only_touch_the_cache_directories(
-    dev: PlatformConfig, tmp_path: Path
-) -> None:
-    """What the provisioner would discover under hostDir, and so delete on reclaim, is
-    exactly the bind-mounted cache directories: not the array, not nodeadm's state."""
-    cache = cache_of(dev)
-    (cls,) = local_provisioner_values(dev)["classes"]
-    user_data = pools.node_user_data(pool_with_raid0(dev), cache)
-    calls = run_with_shims(node_script(user_data), tmp_path, array_mounted=True)
-    binds = {t: s for s, t in bind_mounts(calls)}
-    # Every entry the node gets under the discovery directory is one of those mount points.
-    entries = {
-        c[-1]
-        for c in calls
-        if c[0] in ("install", "mkdir") and posixpath.dirname(c[-1]) == cls["hostDir"]
-    }
-    assert entries == set(binds)
-    pattern = cls.get("namePattern", "*")
-    discovered = [
-        t
-        for t in binds
-        if any(fnmatch.fnmatch(posixpath.basename(t), p) for p in pattern.split(","))
-    ]
-    assert sorted(discovered) == sorted(binds)
-    # DeleteContents(PV path) removes what is under the mount point, i.e. under its source.
-    deletable = [binds[t] for t in discovered]
-    nodeadm = [posixpath.join(ARRAY, d) for d in NODEADM_ON_ARRAY]
-    for source in deletable:
-        assert source != ARRAY
-        assert not any(within(n, source) or within(source, n) for n in nodeadm), source
-    for a in deletable:
-        assert not any(a != b and (within(a, b) or within(b, a)) for b in deletable)
 
 
 def test_the_unit_runs_after_the_array_and_before_kubelet(dev: PlatformConfig) -> None:
@@ -232,15 +190,8 @@ def test_user_data_without_cache_or_without_raid0(dev: PlatformConfig) -> None:
     assert pools.CACHE_SETUP_SCRIPT not in pools.node_user_data(no_store, cache_of(dev))
 
 
-def test_default_count_gives_a_volume_per_gpu_on_8_gpu_nodes(dev: PlatformConfig) -> None:
-    assert cache_of(dev).volumes_per_node == 8
-
-
-def test_existing_clusters_discover_the_operators_directory() -> None:
-    cfg = platform("onprem")
-    (cls,) = local_provisioner_values(cfg)["classes"]
-    assert cls["hostDir"] == "/mnt/nvme"
-    assert "namePattern" not in cls  # every mount point the operator prepared is a volume
+def test_existing_clusters_use_the_operators_directory() -> None:
+    assert agent_cache_dir(platform("onprem")) == "/mnt/nvme"
 
 
 def test_scripts_parse(dev: PlatformConfig) -> None:

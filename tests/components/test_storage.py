@@ -259,10 +259,23 @@ def test_dev_uses_the_nvme_cache_and_scratch_lustre(run_program: Callable[..., R
     fs = rec.one("aws:fsx/lustreFileSystem:LustreFileSystem").inputs
     assert fs["deploymentType"] == "SCRATCH_2"
     assert "kmsKeyId" not in fs
-    release = rec.one("kubernetes:helm.sh/v3:Release", "p-storage-nvme-cache").inputs
-    assert release["chart"] == "local-static-provisioner"
-    assert release["values"]["classes"][0]["name"] == "nvme-cache"
-    assert release["values"]["classes"][0]["hostDir"] == "/mnt/trainstack-cache"
+    releases = [r.name for r in rec.of_type("kubernetes:helm.sh/v3:Release")]
+    assert not [r for r in releases if r.startswith("p-storage")]  # no local-volume provisioner
+    agent = rec.one("kubernetes:apps/v1:DaemonSet", "p-storage-cache-agent").inputs
+    volumes = {v["name"]: v for v in agent["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["cache"]["hostPath"] == {"path": "/mnt/trainstack-cache", "type": "Directory"}
+    driver = rec.one("kubernetes:storage.k8s.io/v1:CSIDriver", "p-storage-cache-driver").inputs
+    assert driver["spec"]["volumeLifecycleModes"] == ["Ephemeral"]
+    account = rec.one("kubernetes:core/v1:ServiceAccount", "p-storage-cache-sa").inputs
+    assert account["automountServiceAccountToken"] is False
+    # IRSA: the agent reads its sources (dev: nvmeCache.sources), nothing else.
+    policy = json.loads(
+        rec.one("aws:iam/rolePolicy:RolePolicy", "p-storage-cache-agent").inputs["policy"]
+    )
+    assert {s["Sid"]: s["Resource"] for s in policy["Statement"]} == {
+        "ListSource0": "arn:aws:s3:::acme-datasets",
+        "ReadSource0": "arn:aws:s3:::acme-datasets/*",
+    }
 
 
 def test_existing_cluster_uses_its_lustre_and_creates_nothing_on_aws(

@@ -246,11 +246,11 @@ def _delete_queues(kube: Kube) -> None:
 
 def simulate_nodes(kube: Kube, cfg: PlatformConfig, plan: Plan) -> list[dict[str, Any]]:
     """Every pool node of the stack, Ready under kwok, with what node agents would publish
-    for it (cache volumes, CSINodes; see nodes.py). Returns the Nodes."""
+    for it (CSINodes; see nodes.py). Returns the Nodes."""
     simulated = nodes.stack_nodes(cfg)
     create_nodes(kube, simulated)
     drivers = nodes.csi_drivers([obj for _, obj in plan.kubernetes_objects()])
-    for obj in nodes.cache_volumes(cfg, simulated) + nodes.csi_nodes(simulated, drivers):
+    for obj in nodes.csi_nodes(simulated, drivers):
         kube.create(obj)
     return simulated
 

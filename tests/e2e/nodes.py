@@ -7,23 +7,19 @@ nodes it would really land on. kwok (tests/e2e/kwok-stages.yaml) then keeps them
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
 from tests.e2e.cluster import KWOK_ANNOTATION
-from trainstack.builders import labels
 from trainstack.builders.fabric import GPU_RESOURCE, HUGEPAGES_RESOURCE
 from trainstack.builders.pools import (
     GPU_TAINT,
-    cache_volume_names,
     fabric_profile,
     gpus_per_node,
     instance_of,
     max_nodes,
     node_labels,
 )
-from trainstack.builders.storage import local_provisioner_values
 from trainstack.config.model import GpuPool, NewVpc, PlatformConfig
 
 MAX_PODS = 110  # the kubelet's default; nodeadm derives it per instance type (ENI limits)
@@ -156,75 +152,6 @@ def stack_nodes(cfg: PlatformConfig) -> list[dict[str, Any]]:
     return [node for pool in cfg.gpu_pools for node in pool_nodes(cfg, pool)]
 
 
-def cache_volumes(cfg: PlatformConfig, nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What the local static provisioner publishes for the NVMe cache class: its StorageClass
-    and one local PV per mount point it discovers under hostDir on each node.
-
-    The chart (sig-storage-local-static-provisioner 2.8.0, templates/storageclass.yaml) makes
-    a `kubernetes.io/no-provisioner` class with WaitForFirstConsumer binding; the provisioner
-    makes one PV per mount point under the discovery dir, pinned to its node by node affinity
-    and named from the entry, node and class (pkg/discovery/discovery.go generatePVName).
-    The node's user data bind-mounts `volumesPerNode` cache directories of the RAID0 array
-    there (`<hostDir>/vol-N`, builders/pools.cache_setup_script), so that many PVs per node;
-    existing clusters are simulated with the same layout. Each reports the whole array's
-    size, which they share (statfs of a bind mount: pkg/util/volume_util_linux.go
-    GetFsCapacityByte).
-    """
-    cache = cfg.storage.nvme_cache
-    if cache is None:
-        return []
-    values = local_provisioner_values(cfg)["classes"][0]
-    result: list[dict[str, Any]] = [
-        {
-            "apiVersion": "storage.k8s.io/v1",
-            "kind": "StorageClass",
-            "metadata": {"name": values["name"], "labels": {"e2e.trainstack.io/simulated": "true"}},
-            "provisioner": "kubernetes.io/no-provisioner",
-            "volumeBindingMode": "WaitForFirstConsumer",
-            "reclaimPolicy": values["storageClass"]["reclaimPolicy"],
-        }
-    ]
-    sizes = {p.name: instance_of(p).nvme_gb for p in cfg.gpu_pools if p.aws is not None}
-    for node, volume in itertools.product(nodes, cache_volume_names(cache)):
-        name = node["metadata"]["name"]
-        pool = node["metadata"]["labels"].get(labels.POOL, "")
-        size_gb = sizes.get(pool, 3500)
-        result.append(
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolume",
-                "metadata": {
-                    "name": f"local-pv-{name}-{volume}",
-                    "labels": {"e2e.trainstack.io/simulated": "true"},
-                },
-                "spec": {
-                    "capacity": {"storage": f"{size_gb}G"},
-                    "accessModes": ["ReadWriteOnce"],
-                    "persistentVolumeReclaimPolicy": "Delete",
-                    "storageClassName": values["name"],
-                    "volumeMode": values["volumeMode"],
-                    "local": {"path": f"{values['hostDir']}/{volume}", "fsType": values["fsType"]},
-                    "nodeAffinity": {
-                        "required": {
-                            "nodeSelectorTerms": [
-                                {
-                                    "matchExpressions": [
-                                        {
-                                            "key": "kubernetes.io/hostname",
-                                            "operator": "In",
-                                            "values": [name],
-                                        }
-                                    ]
-                                }
-                            ]
-                        }
-                    },
-                },
-            }
-        )
-    return result
-
-
 def csi_nodes(nodes: list[dict[str, Any]], drivers: set[str]) -> list[dict[str, Any]]:
     """The CSINode the kubelet publishes once a CSI driver's node plugin registers on a node.
 
@@ -254,12 +181,13 @@ def csi_nodes(nodes: list[dict[str, Any]], drivers: set[str]) -> list[dict[str, 
 
 
 def csi_drivers(objects: list[dict[str, Any]]) -> set[str]:
-    """CSI drivers the platform's PersistentVolumes use (their node plugins run everywhere)."""
+    """CSI drivers the platform's PersistentVolumes use, and the drivers it declares (the
+    node cache agent's), whose node plugins run everywhere."""
     return {
         o["spec"]["csi"]["driver"]
         for o in objects
         if o["kind"] == "PersistentVolume" and "csi" in o.get("spec", {})
-    }
+    } | {o["metadata"]["name"] for o in objects if o["kind"] == "CSIDriver"}
 
 
 def gpus(nodes: list[dict[str, Any]]) -> int:

@@ -15,6 +15,7 @@ from trainstack_runtime.contract import FATAL, RETRYABLE, ExitCode
 from typer.testing import CliRunner
 
 from tests.conftest import ROOT
+from trainstack.builders.storage import CACHE_DRIVER
 from trainstack.cli import app
 from trainstack.config import ConfigError
 from trainstack.jobs.lifecycle import volcano_max_retry
@@ -262,32 +263,59 @@ def test_no_checkpoint_dir_where_the_platform_names_no_owner(view: PlatformView)
         assert "checkpoint-dir" not in names
 
 
-def test_nvme_cache_prewarms_before_training(example_plans: dict[str, Plan]) -> None:
-    dev = PlatformView(example_plans["dev"].outputs)
+def _cache_job(cache_from: str | None = "s3://acme-datasets/imagenet/v1/") -> JobSpec:
     spec = dataclasses.replace(
         load_job(DEMO),
         pool="l40s-dev",
-        data=Data("imagenet", "v1", "/mnt/data", "cache", "s3://acme-datasets/imagenet/v1/"),
+        data=Data("imagenet", "v1", "/mnt/data", "cache", cache_from),
         topology=Topology("soft", "pool"),
     )
-    spec = dataclasses.replace(spec, workers=dataclasses.replace(spec.workers, gpu_memory=None))
-    pod = render(spec, dev, "vision")["spec"]["tasks"][0]["template"]["spec"]
-    init = next(c for c in pod["initContainers"] if c["name"] == "prewarm")
-    assert init["command"][:4] == [
-        "trainstack-prewarm",
-        "fetch",
-        "--source",
-        "s3://acme-datasets/imagenet/v1/",
+    return dataclasses.replace(spec, workers=dataclasses.replace(spec.workers, gpu_memory=None))
+
+
+def test_nvme_cache_is_the_nodes_shared_copy_mounted_read_only(
+    example_plans: dict[str, Plan],
+) -> None:
+    """Issue 24 #1: no per-pod claim and no init container: an inline CSI volume of the node
+    cache agent, which fetches the version once per node, holds it while the pod runs and
+    mounts it read-only; training starts only once the kubelet has it mounted."""
+    dev = PlatformView(example_plans["dev"].outputs)
+    pod = render(_cache_job(), dev, "vision")["spec"]["tasks"][0]["template"]["spec"]
+    assert [c["name"] for c in pod.get("initContainers", [])] == ["checkpoint-dir"]
+    (volume,) = (v for v in pod["volumes"] if v["name"] == "dataset")
+    assert volume == {
+        "name": "dataset",
+        "csi": {
+            "driver": "cache.trainstack.io",
+            "readOnly": True,
+            "volumeAttributes": {
+                "source": "s3://acme-datasets/imagenet/v1/",
+                "dataset": "imagenet",
+                "version": "v1",
+            },
+        },
+    }
+    assert not any("ephemeral" in v or "hostPath" in v for v in pod["volumes"])
+    (mount,) = (m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "dataset")
+    assert mount == {"name": "dataset", "mountPath": "/mnt/data", "readOnly": True}
+    assert pod["containers"][0]["command"][:3] == ["python", "-m", "trainstack_runtime.supervisor"]
+
+
+def test_the_driver_is_the_agents() -> None:
+    from trainstack_prewarm.csi import DRIVER_NAME  # noqa: PLC0415 (the image's package)
+
+    assert CACHE_DRIVER == DRIVER_NAME
+
+
+def test_a_cache_source_the_agent_does_not_fetch_from_is_refused(
+    example_plans: dict[str, Plan],
+) -> None:
+    dev = PlatformView(example_plans["dev"].outputs)
+    assert issues_of(_cache_job("s3://elsewhere/imagenet/v1/"), dev) == [
+        "job.spec.data.cacheFrom: 's3://elsewhere/imagenet/v1/' is not under a source the node "
+        "cache fetches from (s3://acme-datasets/); the platform adds one in "
+        "storage.nvmeCache.sources"
     ]
-    assert init["command"][-2:] == ["--concurrency", "4"]
-    cache = next(v for v in pod["volumes"] if v["name"] == "cache")
-    template = cache["ephemeral"]["volumeClaimTemplate"]["spec"]
-    assert template["storageClassName"] == "nvme-cache"
-    command = pod["containers"][0]["command"]
-    assert command[:2] == ["sh", "-c"]
-    assert command[2].startswith(
-        "trainstack-prewarm verify --cache /cache --dataset imagenet --version v1 && exec"
-    )
 
 
 @pytest.mark.parametrize("path", [DEMO, PS], ids=lambda p: p.stem)
@@ -347,12 +375,7 @@ def test_every_variant_validates_against_the_volcano_crd(
         render(load_job(PS), view, "vision"),
         render(dataclasses.replace(demo, topology=Topology("soft", "zone")), view, "vision"),
         render(
-            dataclasses.replace(
-                demo,
-                pool="l40s-dev",
-                data=Data("imagenet", "v1", "/mnt/data", "cache", "s3://acme-datasets/i/v1/"),
-                workers=dataclasses.replace(demo.workers, gpu_memory=None),
-            ),
+            _cache_job(),
             PlatformView(example_plans["dev"].outputs),
             "vision",
         ),

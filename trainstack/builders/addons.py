@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from trainstack.builders import autoscaler, monitoring, pools, scheduling, storage
+from trainstack.builders import autoscaler, monitoring, pools, scheduling
 from trainstack.config.model import PlatformConfig
 
 CRD_API = "apiextensions.k8s.io/v1"
@@ -77,9 +77,6 @@ _VOLCANO = Addon(
 #   container `nvidia-device-plugin-ctr`, image tag v0.18.2.
 # - network-operator 25.7.0 (Mellanox/network-operator v25.7.0, deployment/network-operator/):
 #   Deployment, container `network-operator`, image tag v25.7.0; CRD nicclusterpolicies.
-# - local-static-provisioner 2.8.0 (sig-storage-local-static-provisioner tag
-#   local-static-provisioner-2.8.0, helm/provisioner/): DaemonSet, container `provisioner`,
-#   image tag v2.8.0.
 # - gpu-operator v26.3.0 (NVIDIA/gpu-operator v26.3.0, deployments/gpu-operator/): Deployment
 #   named `gpu-operator` whatever the release, container `gpu-operator`, image tag v26.3.0.
 # kube-prometheus-stack's version is read from its CRDs instead (below); the EFA device plugin
@@ -129,12 +126,6 @@ ADDONS: dict[str, Addon] = {
             pools.PLUGIN_NAMESPACE,
             crds=("nicclusterpolicies.mellanox.com",),
             workload=Workload("Deployment", _FULLNAME, "network-operator", "v25.7.0"),
-        ),
-        Addon(
-            "local-static-provisioner",
-            storage.LOCAL_PROVISIONER_CHART,
-            storage.PROVISIONER_NAMESPACE,
-            workload=Workload("DaemonSet", _FULLNAME, "provisioner", "v2.8.0"),
         ),
         Addon(autoscaler.RELEASE, autoscaler.CHART, autoscaler.NAMESPACE),
     )

@@ -25,7 +25,7 @@ from trainstack.contracts import deadlines as contract
 
 NAME: Final = contract.SERVICE_ACCOUNT
 STATE_ROLE: Final = f"{NAME}-state"
-APP_LABEL: Final = "app.kubernetes.io/name"
+APP_LABEL: Final = labels.APP_NAME
 CONTAINER: Final = "enforcer"
 RBAC: Final = "rbac.authorization.k8s.io/v1"
 REGISTRY_DIR: Final = contract.REGISTRY_PATH.rsplit("/", 1)[0]
@@ -55,11 +55,7 @@ def pod_labels() -> dict[str, str]:
 
 
 def _meta(cfg: PlatformConfig, name: str, namespace: str | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name}
-    if namespace is not None:
-        meta["namespace"] = namespace
-    meta["labels"] = {**labels.base_labels(cfg.stack), **pod_labels()}
-    return meta
+    return labels.app_metadata(cfg.stack, NAME, name, namespace)
 
 
 def _subject() -> dict[str, str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 PREFIX = "trainstack.io"
 
 TEAM = f"{PREFIX}/team"
@@ -24,6 +26,19 @@ MANAGER = "trainstack"
 def base_labels(stack: str) -> dict[str, str]:
     """Labels on every Kubernetes object trainstack creates."""
     return {MANAGED_BY: MANAGER, PART_OF: "trainstack", STACK: stack}
+
+
+APP_NAME = "app.kubernetes.io/name"
+
+
+def app_metadata(stack: str, app: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+    """Metadata of one of the platform's own workloads' objects: its name (and namespace),
+    the stack's labels and `app.kubernetes.io/name: <app>`."""
+    meta: dict[str, Any] = {"name": name}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    meta["labels"] = {**base_labels(stack), APP_NAME: app}
+    return meta
 
 
 def aws_tags(stack: str, extra: tuple[tuple[str, str], ...]) -> dict[str, str]:

@@ -39,9 +39,8 @@ GPU_MODEL = f"{labels.PREFIX}/gpu-model"
 PLACEMENT_GROUP = f"{labels.PREFIX}/placement-group"
 CAPACITY = f"{labels.PREFIX}/capacity"
 INSTANCE_STORE_MOUNT = "/mnt/k8s-disks/0"  # where nodeadm mounts the RAID0 array
-# The NVMe cache's own directories on the array, published one by one (see cache_user_data).
+# The NVMe cache's own directory on the array, the cache agent's (see cache_setup_script).
 CACHE_ARRAY_DIR = f"{INSTANCE_STORE_MOUNT}/trainstack-cache"
-CACHE_VOLUME_PREFIX = "vol-"
 # The training images' user and group (images/README.md: "user `trainer` (UID/GID 10001)").
 TRAINING_UID = 10001
 CACHE_OWNER_ID = TRAINING_UID
@@ -149,43 +148,30 @@ def hugepages_2mi(pool: GpuPool) -> int:
     return fabric_profile(pool).hugepages_mi_per_node // 2
 
 
-def cache_volume_names(cache: NvmeCache) -> list[str]:
-    """The cache directories of a node, as entries of the discovery directory."""
-    return [f"{CACHE_VOLUME_PREFIX}{i}" for i in range(cache.volumes_per_node)]
-
-
 def cache_setup_script(cache: NvmeCache) -> str:
     """Runs on every boot once the array is mounted, before kubelet (cache_user_data).
 
-    Makes `volumes_per_node` directories of the array, owned by the images' user, and
-    bind-mounts each at `<hostDir>/vol-N`: the local static provisioner makes one PV per
-    mount point of its discovery directory and skips other entries (v2.8.0
-    pkg/discovery/discovery.go discoverVolumesAtPath), and on reclaim deletes what is under
-    the PV's path (pkg/deleter/deleter.go cleanFilePV -> DeleteContents), so only these
-    directories can ever be emptied. The array root, which nodeadm's setup-local-disks also
-    bind-mounts /var/lib/kubelet, /var/lib/containerd and /var/log/pods from, is never
-    published. Without the array it does nothing, rather than fill the root volume.
+    Makes the cache's own directory of the array and bind-mounts it at `hostDir`, the node
+    cache agent's hostPath (builders/cache.py, type Directory: without the array there is no
+    directory and the agent does not start there, rather than fill the root volume). The
+    array root, where nodeadm's setup-local-disks also keeps /var/lib/kubelet,
+    /var/lib/containerd and /var/log/pods, is never handed to the agent. Owned by root, 0755:
+    the agent (root) writes, pods read through their read-only bind mounts.
     """
-    array, owner = shlex.quote(INSTANCE_STORE_MOUNT), CACHE_OWNER_ID
+    array = shlex.quote(INSTANCE_STORE_MOUNT)
     src, dst = shlex.quote(CACHE_ARRAY_DIR), shlex.quote(cache.host_dir)
     return "\n".join(
         [
             "#!/bin/bash",
-            "# trainstack NVMe cache: dedicated directories of the instance-store array, each",
-            "# bind-mounted under the local static provisioner's discovery directory.",
+            "# trainstack NVMe cache: the cache agent's directory on the instance-store array.",
             "set -euo pipefail",
             f"if ! mountpoint -q {array}; then",
-            f'  echo "trainstack-nvme-cache: {INSTANCE_STORE_MOUNT} is not mounted;'
-            ' no cache volumes" >&2',
+            f'  echo "trainstack-nvme-cache: {INSTANCE_STORE_MOUNT} is not mounted; no cache" >&2',
             "  exit 1",
             "fi",
-            "volume() {",
-            f'  local src={src}/"$1" dst={dst}/"$1"',
-            f'  install -d -m 0770 -o {owner} -g {owner} "$src"',
-            '  mkdir -p "$dst"',
-            '  mountpoint -q "$dst" || mount --bind "$src" "$dst"',
-            "}",
-            *(f"volume {name}" for name in cache_volume_names(cache)),
+            f"install -d -m 0755 -o 0 -g 0 {src}",
+            f"mkdir -p {dst}",
+            f"mountpoint -q {dst} || mount --bind {src} {dst}",
             "",
         ]
     )
@@ -206,7 +192,7 @@ def cache_user_data(cache: NvmeCache) -> str:
     unit = "\n".join(
         [
             "[Unit]",
-            "Description=trainstack NVMe cache volumes on the instance-store array",
+            "Description=trainstack NVMe cache directory on the instance-store array",
             f"RequiresMountsFor={INSTANCE_STORE_MOUNT}",
             "Before=kubelet.service",
             "[Service]",

@@ -1,17 +1,12 @@
-"""Storage as data: FSx/S3/IAM inputs, per-team volumes and claims, the NVMe cache class."""
+"""Storage as data: FSx/S3/IAM inputs, per-team volumes and claims, the NVMe cache's facts."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from trainstack.builders import labels
-from trainstack.builders.pools import (
-    CACHE_VOLUME_PREFIX,
-    GPU_PRESENT_LABEL,
-    GPU_TOLERATION,
-    TRAINING_UID,
-)
-from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig, Team
+from trainstack.builders.pools import TRAINING_UID
+from trainstack.config.model import PlatformConfig, Team
 
 LUSTRE_PORTS = ((988, 988), (1018, 1023))  # LNet, and the ports Lustre servers call back on
 FSX_CSI_DRIVER = "fsx.csi.aws.com"
@@ -23,14 +18,10 @@ CHECKPOINTS_MOUNT = "/checkpoints"  # the runtime's TRAINSTACK_CHECKPOINT_DIR de
 LUSTRE_CLAIM = "lustre"
 CHECKPOINTS_CLAIM = "checkpoints"  # EFS: the team's access point
 TEAM_PLACEHOLDER = "{team}"  # in existingLustre.volumeHandle: replaced by the team's name
-CACHE_CLASS = "nvme-cache"
+# The node cache agent's CSI driver (builders/cache.py): what jobs' inline volumes name.
+CACHE_DRIVER = "cache.trainstack.io"
 TRAINING_SERVICE_ACCOUNT = "training"
 CHECKPOINT_PREFIX = "teams/"
-LOCAL_PROVISIONER_CHART = {
-    "chart": "local-static-provisioner",
-    "version": "2.8.0",
-    "repo": "https://kubernetes-sigs.github.io/sig-storage-local-static-provisioner",
-}
 
 
 def checkpoint_subpath(team: Team) -> str:
@@ -42,6 +33,25 @@ def s3_prefix_arn(bucket: str, prefix: str) -> str:
     return f"arn:aws:s3:::{bucket}/{prefix}*"
 
 
+def s3_read_statements(bucket: str, prefix: str, name: str) -> list[dict[str, Any]]:
+    """List and read one prefix (statements `List<name>`, `Read<name>`), nothing else."""
+    return [
+        {
+            "Sid": f"List{name}",
+            "Effect": "Allow",
+            "Action": "s3:ListBucket",
+            "Resource": f"arn:aws:s3:::{bucket}",
+            "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}},
+        },
+        {
+            "Sid": f"Read{name}",
+            "Effect": "Allow",
+            "Action": ["s3:GetObject"],
+            "Resource": s3_prefix_arn(bucket, prefix),
+        },
+    ]
+
+
 def team_s3_policy(cfg: PlatformConfig, team: Team, key_arn: str) -> dict[str, Any]:
     """Datasets read-only, the team's own checkpoint prefix read-write, nothing else."""
     storage = cfg.storage
@@ -49,21 +59,7 @@ def team_s3_policy(cfg: PlatformConfig, team: Team, key_arn: str) -> dict[str, A
     lustre = storage.lustre
     if lustre is not None and lustre.data_repository is not None:
         repo = lustre.data_repository
-        statements += [
-            {
-                "Sid": "ListDatasets",
-                "Effect": "Allow",
-                "Action": "s3:ListBucket",
-                "Resource": f"arn:aws:s3:::{repo.bucket}",
-                "Condition": {"StringLike": {"s3:prefix": [f"{repo.prefix}*"]}},
-            },
-            {
-                "Sid": "ReadDatasets",
-                "Effect": "Allow",
-                "Action": ["s3:GetObject"],
-                "Resource": s3_prefix_arn(repo.bucket, repo.prefix),
-            },
-        ]
+        statements += s3_read_statements(repo.bucket, repo.prefix, "Datasets")
     if storage.checkpoint_bucket is not None:
         prefix = f"{CHECKPOINT_PREFIX}{team.name}/"
         statements += [
@@ -299,34 +295,6 @@ def training_service_account(cfg: PlatformConfig, team: Team, role_arn: Any) -> 
     return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata}
 
 
-def local_provisioner_values(cfg: PlatformConfig) -> dict[str, Any]:
-    """One local PV per mount point under hostDir on each node: the cache's own directories.
-
-    aws: hostDir holds only the `vol-N` bind mounts the node's user data makes
-    (pools.cache_user_data), never the array (`/mnt/k8s-disks/0`), which also holds kubelet
-    and containerd state: with reclaimPolicy Delete the provisioner empties every released
-    volume (sig-storage-local-static-provisioner v2.8.0 pkg/deleter/deleter.go). The name
-    pattern keeps discovery to those entries. existing: every mount point the operator
-    prepared under hostDir is a volume.
-    """
-    cache = cfg.storage.nvme_cache
-    assert cache is not None
-    cls: dict[str, Any] = {
-        "name": CACHE_CLASS,
-        "hostDir": cache.host_dir,
-        "volumeMode": "Filesystem",
-        "fsType": "xfs",
-        "storageClass": {"reclaimPolicy": "Delete"},
-    }
-    if cfg.cloud == "aws":
-        cls["namePattern"] = f"{CACHE_VOLUME_PREFIX}*"
-    return {
-        "classes": [cls],
-        "nodeSelector": {GPU_PRESENT_LABEL: "true"} if cfg.cloud == "aws" else {},
-        "tolerations": [GPU_TOLERATION],
-    }
-
-
 def team_storage(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
     """The claims, mount paths and cache class the job layer wires into a team's pods."""
     storage = cfg.storage
@@ -360,8 +328,22 @@ def team_storage(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
             f"s3://{storage.checkpoint_bucket}/{CHECKPOINT_PREFIX}{team.name}/"
         )
     if storage.nvme_cache is not None:
-        entry["cacheClass"] = CACHE_CLASS
+        entry["cacheDriver"] = CACHE_DRIVER
     return entry
+
+
+def cache_sources(cfg: PlatformConfig) -> list[str]:
+    """What the cache agent may fetch from: the Lustre data repository and
+    nvmeCache.sources, in that order."""
+    storage = cfg.storage
+    assert storage.nvme_cache is not None
+    sources: list[str] = []
+    lustre = storage.lustre
+    if lustre is not None and lustre.data_repository is not None:
+        repo = lustre.data_repository
+        sources.append(f"s3://{repo.bucket}/{repo.prefix}")
+    sources += [s for s in storage.nvme_cache.sources if s not in sources]
+    return sources
 
 
 def storage_output(cfg: PlatformConfig) -> dict[str, Any]:
@@ -374,10 +356,9 @@ def storage_output(cfg: PlatformConfig) -> dict[str, Any]:
         doc["datasetRepository"] = f"s3://{repo.bucket}/{repo.prefix}"
     if storage.nvme_cache is not None:
         doc["cache"] = {
-            "class": CACHE_CLASS,
+            "driver": CACHE_DRIVER,
             "maxConcurrentFetchesPerSource": storage.nvme_cache.max_concurrent_fetches,
+            # What a job's cacheFrom may name: the agent fetches nothing else.
+            "sources": cache_sources(cfg),
         }
     return doc
-
-
-PROVISIONER_NAMESPACE = SYSTEM_NAMESPACE

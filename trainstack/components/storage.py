@@ -1,5 +1,6 @@
 """Datasets and checkpoints: FSx for Lustre linked to S3, the checkpoint bucket, per-team
-access (IRSA), claims in team namespaces, and the NVMe cache class.
+access (IRSA), claims in team namespaces, and the node dataset cache agent (its DaemonSet,
+CSIDriver, ServiceAccount and, on AWS, its read-only IAM role).
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from trainstack.builders import cache as cache_b
 from trainstack.builders import storage as b
-from trainstack.components.kube import addon_release, apply_manifest
-from trainstack.config.model import PlatformConfig, Team
+from trainstack.components.kube import apply_manifest
+from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig, Team
 
 
-def _trust_json(parts: list[str], namespace: str) -> str:
+def _trust_json(parts: list[str], namespace: str, account: str = b.TRAINING_SERVICE_ACCOUNT) -> str:
     oidc_arn, issuer_host = parts
-    document = b.irsa_trust_policy(oidc_arn, issuer_host, namespace, b.TRAINING_SERVICE_ACCOUNT)
+    document = b.irsa_trust_policy(oidc_arn, issuer_host, namespace, account)
     return json.dumps(document, sort_keys=True)
 
 
@@ -66,8 +68,11 @@ class PlatformStorage(pulumi.ComponentResource):
         csi_for: Callable[[Team], dict[str, Any]] | None = None
         role_arns: dict[str, pulumi.Output[str]] = {}
         efs_handles: dict[str, pulumi.Output[str]] = {}
+        agent_role: pulumi.Output[str] | None = None
         if args.aws is not None:
             csi_for, role_arns = self._aws(name, cfg, args.aws)
+            if storage.nvme_cache is not None:
+                agent_role = self._agent_role(name, cfg, args.aws)
             if storage.efs is not None:
                 efs_handles = self._efs(name, cfg, args.aws)
         elif storage.existing_lustre is not None:
@@ -89,16 +94,47 @@ class PlatformStorage(pulumi.ComponentResource):
                 claim = manifest["metadata"]["name"].removeprefix(f"{team.name}-")
                 apply_manifest(f"{name}-{team.name}-{claim}-{kind}", manifest, in_team)
         if storage.nvme_cache is not None:
-            addon_release(
-                f"{name}-nvme-cache",
-                "local-static-provisioner",
-                cfg,
-                values=b.local_provisioner_values(cfg),
-                opts=pulumi.ResourceOptions.merge(
-                    kube, pulumi.ResourceOptions(depends_on=[args.system_namespace])
+            in_system = pulumi.ResourceOptions.merge(
+                kube, pulumi.ResourceOptions(depends_on=[args.system_namespace])
+            )
+            driver = apply_manifest(f"{name}-cache-driver", cache_b.csi_driver(cfg), kube)
+            agent_sa = apply_manifest(
+                f"{name}-cache-sa", cache_b.service_account(cfg, agent_role), in_system
+            )
+            apply_manifest(
+                f"{name}-cache-agent",
+                cache_b.daemonset(cfg),
+                pulumi.ResourceOptions.merge(
+                    in_system, pulumi.ResourceOptions(depends_on=[driver, agent_sa])
                 ),
             )
         self.register_outputs({})
+
+    def _agent_role(
+        self, name: str, cfg: PlatformConfig, ctx: AwsContext
+    ) -> pulumi.Output[str] | None:
+        """IRSA for the cache agent: list and read its S3 sources, nothing else."""
+        policy = cache_b.s3_read_policy(cfg)
+        if policy is None:
+            return None
+        child = pulumi.ResourceOptions(parent=self, provider=ctx.provider)
+        host = pulumi.Output.from_input(ctx.oidc_issuer_url).apply(
+            lambda u: u.removeprefix("https://")
+        )
+        role = aws.iam.Role(
+            f"{name}-cache-agent",
+            assume_role_policy=pulumi.Output.all(ctx.oidc_provider_arn, host).apply(
+                partial(_trust_json, namespace=SYSTEM_NAMESPACE, account=cache_b.NAME)
+            ),
+            opts=child,
+        )
+        aws.iam.RolePolicy(
+            f"{name}-cache-agent",
+            role=role.name,
+            policy=json.dumps(policy, sort_keys=True),
+            opts=child,
+        )
+        return role.arn
 
     def _aws(
         self, name: str, cfg: PlatformConfig, ctx: AwsContext

@@ -239,9 +239,12 @@ class ExistingLustre:
 
 @dataclass(frozen=True)
 class NvmeCache:
-    host_dir: str  # the provisioner's discovery directory: only cache mount points in it
+    host_dir: str  # the node's cache directory, owned by the cache agent (docs/prewarm.md)
     max_concurrent_fetches: int
-    volumes_per_node: int = 8  # aws: cache directories each node's user data makes
+    volumes_per_node: int = 8  # no longer used (issue 24 #1: one shared cache per node)
+    # Prefixes the node agent may fetch from, besides the Lustre data repository.
+    sources: tuple[str, ...] = ()
+    agent_image: str = "registry.example.com/trainstack/prewarm:0.1.0"
 
 
 @dataclass(frozen=True)

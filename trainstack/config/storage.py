@@ -305,6 +305,8 @@ def build_storage(
             host_dir=posixpath.normpath(raw["hostDir"]),
             max_concurrent_fetches=raw["maxConcurrentFetchesPerSource"],
             volumes_per_node=raw["volumesPerNode"],
+            sources=tuple(raw["sources"]),
+            agent_image=raw["agentImage"],
         )
     checkpoints = storage["checkpoints"]
     bucket = None

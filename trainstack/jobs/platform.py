@@ -33,9 +33,10 @@ class PlatformView:
         result: Mapping[str, Any] = (self.team(team) or {}).get("storage", {})
         return result
 
-    def cache_concurrency(self) -> int:
+    def cache_sources(self) -> list[str]:
+        """Prefixes the node cache agent fetches from (a job's cacheFrom must be under one)."""
         cache = self.outputs.get(out.STORAGE, {}).get("cache", {})
-        return int(cache.get("maxConcurrentFetchesPerSource", 8))
+        return [str(s) for s in cache.get("sources", [])]
 
     def dataset_repository(self) -> str | None:
         repo: str | None = self.outputs.get(out.STORAGE, {}).get("datasetRepository")

@@ -7,7 +7,6 @@ what an engineer renders with the CLI is exactly what the team stack deploys.
 from __future__ import annotations
 
 import copy
-import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +14,7 @@ from trainstack.builders import labels
 from trainstack.builders.autoscaler import SAFE_TO_EVICT
 from trainstack.builders.pools import GPU_TOLERATION, TRAINING_UID
 from trainstack.builders.scheduling import SVC_PLUGIN_ARGS, priority_class_name
-from trainstack.builders.storage import CHECKPOINTS_MOUNT
+from trainstack.builders.storage import CACHE_DRIVER, CHECKPOINTS_MOUNT
 from trainstack.catalog import catalog
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean
 from trainstack.contracts import runtime as contract
@@ -28,8 +27,6 @@ MASTER, WORKER, PS = "master", "worker", "ps"
 API_VERSION = "batch.volcano.sh/v1alpha1"
 CONTAINER = "trainer"
 PYTORCH_PORT = 23456
-CACHE_MOUNT = "/cache"
-CACHE_REQUEST = "100Gi"  # binds any local NVMe volume at least this large
 TIERS = {"pool": 1, "zone": 2}  # HyperNode tiers (builders/scheduling.hypernodes)
 PYTHONS = ("python", "python3")
 
@@ -201,18 +198,31 @@ def _storage_issues(spec: JobSpec, view: PlatformView) -> list[ConfigIssue]:
         )
     if spec.data is None or spec.data.source != "cache":
         return issues
-    if "cacheClass" not in storage:
+    if "cacheDriver" not in storage:
         issues.append(
             ConfigIssue(
                 "job.spec.data.source",
                 "the platform has no NVMe cache (storage.nvmeCache); use lustre",
             )
         )
+        return issues
     if spec.data.cache_from is None and view.dataset_repository() is None:
         issues.append(
             ConfigIssue(
                 "job.spec.data.cacheFrom",
                 "required: the platform has no dataset repository to copy from",
+            )
+        )
+        return issues
+    # The node's cache agent fetches with its own credentials, only from these prefixes.
+    source, allowed = _cache_source(spec, view), view.cache_sources()
+    if not any(source.startswith(prefix) for prefix in allowed):
+        issues.append(
+            ConfigIssue(
+                "job.spec.data.cacheFrom",
+                f"{source!r} is not under a source the node cache fetches from "
+                f"({', '.join(allowed) or 'none'}); the platform adds one in "
+                "storage.nvmeCache.sources",
             )
         )
     return issues
@@ -263,18 +273,36 @@ def _cache_source(spec: JobSpec, view: PlatformView) -> str:
 
 
 def _command(spec: JobSpec, nproc: int) -> list[str]:
-    supervised = [
+    # A cached dataset needs no gate here: the kubelet starts no container before the cache
+    # agent has published the version, complete and verified, under a hold (_cache_volume).
+    return [
         spec.command[0], "-m", "trainstack_runtime.supervisor", "--nproc-per-node", str(nproc),
         "--", *spec.command[1:],
     ]  # fmt: skip
-    if spec.data is None or spec.data.source != "cache":
-        return supervised
-    # Training starts only on a complete, verified cache; exec keeps the supervisor PID 1.
-    gate = shlex.join(
-        ["trainstack-prewarm", "verify", "--cache", CACHE_MOUNT, "--dataset",
-         spec.data.dataset, "--version", spec.data.version]
-    )  # fmt: skip
-    return ["sh", "-c", f'{gate} && exec "$0" "$@"', *supervised]
+
+
+def _cache_volume(spec: JobSpec, view: PlatformView, storage: Mapping[str, Any]) -> dict[str, Any]:
+    """The dataset version from the node's shared cache, read-only (docs/prewarm.md).
+
+    An inline CSI volume of the node cache agent (Pod Security baseline and restricted allow
+    `csi` volumes): on NodePublishVolume it fetches the version once per node (every pod of
+    every job on the node that names it shares that fetch and the copy), checks it, holds it
+    against eviction and repairs, and bind-mounts it read-only; NodeUnpublishVolume releases
+    it. The copy outlives the pod, so a restarted pod fetches nothing.
+    """
+    assert spec.data is not None
+    return {
+        "name": "dataset",
+        "csi": {
+            "driver": storage.get("cacheDriver", CACHE_DRIVER),
+            "readOnly": True,
+            "volumeAttributes": {
+                "source": _cache_source(spec, view),
+                "dataset": spec.data.dataset,
+                "version": spec.data.version,
+            },
+        },
+    }
 
 
 def _pod(
@@ -342,53 +370,8 @@ def _pod(
                 }
             )
     elif spec.data is not None:
-        mounts += [
-            {"name": "cache", "mountPath": CACHE_MOUNT},
-            {
-                "name": "cache",
-                "mountPath": spec.data.mount_path,
-                "subPath": f"{spec.data.dataset}/{spec.data.version}",
-                "readOnly": True,
-            },
-        ]
-        volumes.append(
-            {
-                "name": "cache",
-                "ephemeral": {
-                    "volumeClaimTemplate": {
-                        "spec": {
-                            "accessModes": ["ReadWriteOnce"],
-                            "storageClassName": storage.get("cacheClass", "nvme-cache"),
-                            "resources": {"requests": {"storage": CACHE_REQUEST}},
-                        }
-                    }
-                },
-            }
-        )
-        init.append(
-            {
-                "name": "prewarm",
-                "image": spec.image,
-                "command": [
-                    "trainstack-prewarm",
-                    "fetch",
-                    "--source",
-                    _cache_source(spec, view),
-                    "--dataset",
-                    spec.data.dataset,
-                    "--version",
-                    spec.data.version,
-                    "--cache",
-                    CACHE_MOUNT,
-                    "--concurrency",
-                    str(view.cache_concurrency()),
-                ],
-                "resources": _resources(
-                    {"cpu": "2", "memory": "4Gi"}, {"cpu": "4", "memory": "4Gi"}
-                ),
-                "volumeMounts": [{"name": "cache", "mountPath": CACHE_MOUNT}],
-            }
-        )
+        mounts.append({"name": "dataset", "mountPath": spec.data.mount_path, "readOnly": True})
+        volumes.append(_cache_volume(spec, view, storage))
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image,

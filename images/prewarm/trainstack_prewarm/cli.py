@@ -334,8 +334,6 @@ def _agent(args: argparse.Namespace, log: JsonLog) -> int:
         )
         return fetcher.run()
 
-    if not args.allow_source:
-        raise UsageError("--allow-source: at least one source prefix the agent may fetch")
     agent = node_agent.CacheAgent(
         root,
         fill=fill,

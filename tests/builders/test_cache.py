@@ -1,0 +1,73 @@
+"""Issue 24 #1: the node cache agent as the platform deploys it (builders/cache.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from trainstack_prewarm.cli import build_parser
+from trainstack_prewarm.csi import DRIVER_NAME
+
+from trainstack.builders import cache
+from trainstack.builders.platform import system_namespace
+from trainstack.builders.storage import cache_sources
+from trainstack.config import PlatformConfig, load_stack_file
+from trainstack.config.model import SYSTEM_NAMESPACE, NvmeCache
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def platform(stack: str) -> PlatformConfig:
+    cfg = load_stack_file(ROOT / "stacks" / f"Pulumi.{stack}.yaml")
+    assert isinstance(cfg, PlatformConfig)
+    return cfg
+
+
+def test_the_csi_driver_is_the_agents_and_serves_inline_volumes_only() -> None:
+    cfg = platform("dev")
+    driver = cache.csi_driver(cfg)
+    assert driver["metadata"]["name"] == cache.DRIVER == DRIVER_NAME
+    assert driver["spec"]["volumeLifecycleModes"] == ["Ephemeral"]
+    assert driver["spec"]["attachRequired"] is False
+    assert driver["spec"]["podInfoOnMount"] is True
+
+
+def test_the_agent_runs_privileged_only_in_the_privileged_system_namespace() -> None:
+    cfg = platform("dev")
+    ds = cache.daemonset(cfg)
+    assert ds["metadata"]["namespace"] == SYSTEM_NAMESPACE
+    labels = system_namespace(cfg)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False  # no Kubernetes API access at all
+    agent, registrar = pod["containers"]
+    assert agent["securityContext"]["privileged"] is True
+    assert "privileged" not in registrar["securityContext"]
+    pods = next(m for m in agent["volumeMounts"] if m["name"] == "pods")
+    assert pods["mountPropagation"] == "Bidirectional"
+
+
+@pytest.mark.parametrize("stack", ["dev", "onprem"])
+def test_the_agents_arguments_are_ones_its_cli_accepts(stack: str) -> None:
+    cfg = platform(stack)
+    args = build_parser().parse_args(cache.agent_args(cfg))
+    assert args.subcommand == "agent"
+    assert args.start_jitter == cache.START_JITTER_S
+    assert args.allow_source == cache_sources(cfg)
+
+
+def test_the_agent_may_read_the_dataset_repository_and_nothing_else() -> None:
+    prod = platform("prod")  # Lustre's data repository; with a cache added
+    storage = dataclasses.replace(prod.storage, nvme_cache=NvmeCache("/mnt/trainstack-cache", 8))
+    prod = dataclasses.replace(prod, storage=storage)
+    assert cache_sources(prod) == ["s3://acme-ml-datasets/datasets/"]
+    policy = cache.s3_read_policy(prod)
+    assert policy is not None
+    actions = {
+        a
+        for s in policy["Statement"]
+        for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+    }
+    assert actions == {"s3:ListBucket", "s3:GetObject"}
+    assert cache.s3_read_policy(platform("onprem")) is None  # no S3 source: no role

@@ -1,0 +1,182 @@
+"""The node dataset cache (issue 24 #1) as Kubernetes objects: the cache agent's DaemonSet,
+its CSIDriver and ServiceAccount (docs/prewarm.md, "One cache per node").
+
+The agent (`trainstack-prewarm agent`, images/prewarm) runs in the system namespace, whose Pod
+Security level is privileged (builders/platform.py): it owns the node's cache directory (a
+hostPath), bind-mounts versions into pods (privileged, the kubelet's pods directory with
+Bidirectional propagation) and serves the CSI node service on a socket the kubelet finds
+through node-driver-registrar. Workload pods use an inline `csi` volume of DRIVER, which
+Pod Security baseline and restricted both allow (docs/prewarm.md cites the standard).
+
+RBAC: neither container calls the Kubernetes API (the agent talks only to the kubelet and to
+the dataset store; the registrar only to the kubelet's plugin registration socket), so the
+ServiceAccount gets no Role and no token is mounted. On AWS it carries an IRSA role that may
+read the dataset sources (components/storage.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from trainstack.builders import labels
+from trainstack.builders.pools import GPU_PRESENT_LABEL, GPU_TOLERATION
+from trainstack.builders.storage import CACHE_DRIVER, cache_sources, s3_read_statements
+from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig
+
+# = trainstack_prewarm.csi.DRIVER_NAME (tests/builders/test_cache.py holds them equal).
+DRIVER: Final = CACHE_DRIVER
+NAME: Final = "trainstack-cache-agent"
+# kubernetes-csi/node-driver-registrar (registry.k8s.io/sig-storage); it registers the
+# agent's socket with the kubelet's plugin watcher.
+REGISTRAR_IMAGE: Final = "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.13.0"
+KUBELET_DIR: Final = "/var/lib/kubelet"
+PLUGIN_DIR: Final = f"{KUBELET_DIR}/plugins/{DRIVER}"
+REGISTRATION_DIR: Final = f"{KUBELET_DIR}/plugins_registry"
+SOCKET: Final = "csi.sock"
+CACHE_ROOT: Final = "/cache"  # the node's cache directory inside the agent
+START_JITTER_S: Final = 10  # spreads the first requests of a fleet's nodes (issue 24 #2)
+MAX_REQUEST_RATE: Final = 50  # requests/s per node and source (images/prewarm limits.py)
+
+
+def pod_labels() -> dict[str, str]:
+    return {labels.APP_NAME: NAME}
+
+
+def _meta(cfg: PlatformConfig, name: str, namespace: str | None = None) -> dict[str, Any]:
+    return labels.app_metadata(cfg.stack, NAME, name, namespace)
+
+
+def csi_driver(cfg: PlatformConfig) -> dict[str, Any]:
+    """Inline (ephemeral) volumes only, no attach, pod info on mount (CSI volume context);
+    `fsGroupPolicy: None`: the kubelet never chowns a read-only, shared version."""
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "CSIDriver",
+        "metadata": _meta(cfg, DRIVER),
+        "spec": {
+            "attachRequired": False,
+            "podInfoOnMount": True,
+            "volumeLifecycleModes": ["Ephemeral"],
+            "fsGroupPolicy": "None",
+            "requiresRepublish": False,
+            "storageCapacity": False,
+        },
+    }
+
+
+def service_account(cfg: PlatformConfig, role_arn: Any = None) -> dict[str, Any]:
+    metadata = _meta(cfg, NAME, SYSTEM_NAMESPACE)
+    if role_arn is not None:
+        metadata["annotations"] = {"eks.amazonaws.com/role-arn": role_arn}
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": metadata,
+        "automountServiceAccountToken": False,
+    }
+
+
+def agent_args(cfg: PlatformConfig) -> list[str]:
+    cache = cfg.storage.nvme_cache
+    assert cache is not None
+    args = [
+        "agent",
+        "--cache", CACHE_ROOT,
+        "--csi-endpoint", f"unix:///csi/{SOCKET}",
+        "--node-id", "$(NODE_NAME)",
+        "--concurrency", str(cache.max_concurrent_fetches),
+        "--max-request-rate", str(MAX_REQUEST_RATE),
+        "--start-jitter", str(START_JITTER_S),
+    ]  # fmt: skip
+    for source in cache_sources(cfg):
+        args += ["--allow-source", source]
+    return args
+
+
+def _host(name: str, path: str, kind: str) -> dict[str, Any]:
+    return {"name": name, "hostPath": {"path": path, "type": kind}}
+
+
+def daemonset(cfg: PlatformConfig) -> dict[str, Any]:
+    cache = cfg.storage.nvme_cache
+    assert cache is not None
+    agent: dict[str, Any] = {
+        "name": "agent",
+        "image": cache.agent_image,
+        "args": agent_args(cfg),
+        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+        # Bind mounts into pods need CAP_SYS_ADMIN and Bidirectional propagation, which the
+        # API allows only to privileged containers.
+        "securityContext": {"privileged": True, "runAsUser": 0, "runAsNonRoot": False},
+        "resources": {
+            "requests": {"cpu": "500m", "memory": "1Gi"},
+            "limits": {"cpu": "4", "memory": "4Gi"},
+        },
+        "volumeMounts": [
+            {"name": "cache", "mountPath": CACHE_ROOT},
+            {"name": "plugin", "mountPath": "/csi"},
+            {
+                "name": "pods",
+                "mountPath": f"{KUBELET_DIR}/pods",
+                "mountPropagation": "Bidirectional",
+            },
+        ],
+    }
+    registrar: dict[str, Any] = {
+        "name": "node-driver-registrar",
+        "image": REGISTRAR_IMAGE,
+        "args": [
+            f"--csi-address=/csi/{SOCKET}",
+            f"--kubelet-registration-path={PLUGIN_DIR}/{SOCKET}",
+        ],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "32Mi"},
+            "limits": {"cpu": "100m", "memory": "64Mi"},
+        },
+        "volumeMounts": [
+            {"name": "plugin", "mountPath": "/csi"},
+            {"name": "registration", "mountPath": "/registration"},
+        ],
+    }
+    pod: dict[str, Any] = {
+        "serviceAccountName": NAME,
+        "automountServiceAccountToken": False,
+        "priorityClassName": "system-node-critical",
+        "tolerations": [GPU_TOLERATION],
+        "containers": [agent, registrar],
+        "volumes": [
+            # The cache directory must exist (aws: the node's user data makes it on the
+            # instance-store array); never created on the root volume.
+            _host("cache", cache.host_dir, "Directory"),
+            _host("plugin", PLUGIN_DIR, "DirectoryOrCreate"),
+            _host("registration", REGISTRATION_DIR, "Directory"),
+            _host("pods", f"{KUBELET_DIR}/pods", "Directory"),
+        ],
+    }
+    if cfg.cloud == "aws":
+        pod["nodeSelector"] = {GPU_PRESENT_LABEL: "true"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": _meta(cfg, NAME, SYSTEM_NAMESPACE),
+        "spec": {
+            "selector": {"matchLabels": pod_labels()},
+            # An agent replaced while pods run re-takes their holds first (agent.recover).
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "template": {"metadata": {"labels": pod_labels()}, "spec": pod},
+        },
+    }
+
+
+def s3_read_policy(cfg: PlatformConfig) -> dict[str, Any] | None:
+    """The agent's IAM policy: list and read its S3 sources, nothing else (None: no S3)."""
+    statements: list[dict[str, Any]] = []
+    for i, source in enumerate(s for s in cache_sources(cfg) if s.startswith("s3://")):
+        bucket, _, prefix = source.removeprefix("s3://").partition("/")
+        statements += s3_read_statements(bucket, prefix, f"Source{i}")
+    return {"Version": "2012-10-17", "Statement": statements} if statements else None
