@@ -175,7 +175,12 @@ def test_classify_failures_drops_collateral_sigterm(tmp_path: Path) -> None:
     assert msg["code"] == 202
     assert msg["class"] == "storage"
     assert msg["retryable"] is True
-    assert msg["ranks"]["0"] == {"exitcode": -15, "code": 203, "signal": "SIGTERM"}
+    assert msg["ranks"]["0"] == {
+        "exitcode": -15,
+        "code": 203,
+        "signal": "SIGTERM",
+        "collateral": True,
+    }
 
 
 def test_classify_failures_ignores_stale_exit_record(tmp_path: Path) -> None:

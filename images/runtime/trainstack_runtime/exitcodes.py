@@ -212,17 +212,34 @@ def _read_exit_record(run_dir: Path, rank: int, pid: int) -> dict[str, Any] | No
     return record if record.get("pid") == pid else None  # stale: from an earlier attempt
 
 
+# How long after the first failure an exit still counts as a cause. Once a worker fails the
+# launcher SIGTERMs the rest and SIGKILLs those still alive 30 s later (torch 2.13
+# torch/distributed/elastic/multiprocessing/api.py: SubprocessContext._poll calls close(),
+# whose _close(death_sig, timeout=30) escalates to SIGKILL); ranks that fail together (a
+# peer's connection reset, a shared timeout) exit within a poll or two of each other.
+COLLATERAL_AFTER_S = 5.0
+
+
 def classify_failures(failures: dict[int, Any], run_dir: Path) -> Outcome:
-    """``failures``: rank -> torch ProcessFailure (``exitcode``, ``pid``, ``message``)."""
+    """``failures``: rank -> torch ProcessFailure (``exitcode``, ``pid``, ``message``,
+    ``timestamp``).
+
+    Exits after the first failure are collateral, not causes: the launcher's SIGTERM, and its
+    SIGKILL of a rank that kept the preemption handler and stayed blocked (a wedged peer, or
+    one waiting on it in a collective). Counting that SIGKILL made a wedged rank's job
+    ``killed`` (137) instead of the communication error that ended it (issue 22 #5).
+    """
     ranks: dict[int, dict[str, Any]] = {}
     codes: dict[int, ExitCode] = {}
     messages: dict[int, str] = {}
+    times: dict[int, float] = {}
     for rank, failure in failures.items():
         exitcode = int(failure.exitcode)
         record = _read_exit_record(run_dir, rank, int(failure.pid))
         message = (record or {}).get("message") or str(getattr(failure, "message", "") or "")
         code = classify_exit(exitcode, message)
         codes[rank], messages[rank] = code, message
+        times[rank] = _exit_time(failure, record)
         entry: dict[str, Any] = {"exitcode": exitcode, "code": int(code)}
         if exitcode < 0:
             try:
@@ -230,11 +247,26 @@ def classify_failures(failures: dict[int, Any], run_dir: Path) -> Outcome:
             except ValueError:
                 entry["signal"] = str(-exitcode)
         ranks[rank] = entry
-    # Ranks the launcher SIGTERMed after the first failure are effects, not causes.
-    causes = {r: c for r, c in codes.items() if failures[r].exitcode != -signal.SIGTERM} or codes
+    first = min(times.values(), default=0.0)
+    causes = {
+        r: c
+        for r, c in codes.items()
+        if failures[r].exitcode != -signal.SIGTERM and times[r] <= first + COLLATERAL_AFTER_S
+    } or codes
+    for rank in set(codes) - set(causes):
+        ranks[rank]["collateral"] = True
     code = verdict(causes.values())
     root = next((r for r in sorted(causes) if causes[r] is code), None)
     cause = messages.get(root, "") if root is not None else ""
     if root is not None and not cause:
         cause = f"rank {root} exited {ranks[root]['exitcode']}"
     return Outcome(code, ranks, cause)
+
+
+def _exit_time(failure: Any, record: dict[str, Any] | None) -> float:
+    """When a rank exited: its own record's time, else when the launcher saw it (torch's
+    ProcessFailure.timestamp, whole seconds, errors/__init__.py); 0 when neither is known."""
+    if record and isinstance(record.get("time"), int | float):
+        return float(record["time"])
+    stamp = getattr(failure, "timestamp", None)
+    return float(stamp) if isinstance(stamp, int | float) else 0.0

@@ -5,7 +5,9 @@ matches ``TORCHELASTIC_RESTART_COUNT`` so an in-pod restart does not re-inject t
 
 Kinds fired at the end of step STEP: ``raise`` (ValueError), ``oom`` (torch.OutOfMemoryError),
 ``sigkill``, ``hang``, ``eio`` (OSError EIO), ``ecc`` (an uncorrectable-ECC CUDA error),
-``kill-node`` (SIGKILL the launcher, then this process: a node vanishing).
+``kill-node`` (SIGKILL the launcher, then this process: a node vanishing), ``wedge`` (stuck
+like ``hang`` but keeping the runtime's SIGTERM handler, so only SIGKILL ends it: a rank
+wedged in native code never runs the Python handler's graceful stop).
 Fired inside the checkpoint writer of step STEP: ``kill-in-ckpt`` (SIGKILL halfway through
 writing this rank's data file).
 """
@@ -23,7 +25,7 @@ import torch
 from .contract import ENV_FAULT
 from .exitcodes import ConfigError
 
-STEP_KINDS = frozenset({"raise", "oom", "sigkill", "hang", "eio", "ecc", "kill-node"})
+STEP_KINDS = frozenset({"raise", "oom", "sigkill", "hang", "eio", "ecc", "kill-node", "wedge"})
 CKPT_KINDS = frozenset({"kill-in-ckpt"})
 
 
@@ -82,6 +84,8 @@ class Injector:
             os.kill(os.getpid(), signal.SIGKILL)
         if kind == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "wedge":
+            self.wedge()
         if kind == "hang":
             # Stuck outside any collective, so peers hit the comm timeout. Like a process
             # wedged in native code it ignores the graceful path: SIGTERM kills it outright.
@@ -91,3 +95,10 @@ class Injector:
 
     def in_checkpoint_write(self, step: int) -> bool:
         return self._match(CKPT_KINDS, step) is not None
+
+    @staticmethod
+    def wedge() -> None:
+        """Never return, and leave SIGTERM to whatever handler is installed (the preemption
+        watcher's only sets a flag), as a rank stuck in a kernel or a collective does."""
+        while True:
+            time.sleep(1.0)
