@@ -341,6 +341,14 @@ def s3_source(server: S3Server, bucket: str, prefix: str) -> tuple[S3Source, S3F
     return S3Source(client, bucket, prefix), S3Faults(client)
 
 
+def seeded_source(
+    server: S3Server, bucket: str, prefix: str, files: dict[str, bytes]
+) -> tuple[S3Source, S3Faults]:
+    """Upload ``files`` under ``prefix`` and return a source on them with its fault hooks."""
+    upload(server.client(), bucket, prefix, files)
+    return s3_source(server, bucket, prefix)
+
+
 def make_fetcher(
     source: Source,
     tmp_path: Path,

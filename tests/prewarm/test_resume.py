@@ -27,6 +27,7 @@ from tests.prewarm.conftest import (
     make_files,
     read_tree,
     s3_source,
+    seeded_source,
     upload,
 )
 
@@ -113,8 +114,7 @@ def test_corrupted_complete_cache_closes_the_gate_and_is_repaired(
     s3_server: S3Server, bucket: str, tmp_path: Path, fake_time: FakeTime, logs: LogCapture
 ) -> None:
     files = make_files(6)
-    upload(s3_server.client(), bucket, PREFIX, files)
-    source, _ = s3_source(s3_server, bucket, PREFIX)
+    source, _ = seeded_source(s3_server, bucket, PREFIX, files)
     vdir = _fetcher(source, tmp_path, fake_time, logs).run().vdir
     victim = sorted(files)[4]
     data = bytearray((vdir / victim).read_bytes())

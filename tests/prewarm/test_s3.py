@@ -30,6 +30,7 @@ from tests.prewarm.conftest import (
     make_files,
     read_tree,
     s3_source,
+    seeded_source,
     upload,
 )
 
@@ -64,8 +65,7 @@ def test_fetch_copies_every_object_and_writes_marker_last(
 ) -> None:
     files = make_files(9)
     files["nested/deeper/empty.txt"] = b""
-    upload(s3_server.client(), bucket, PREFIX, files)
-    source, faults = s3_source(s3_server, bucket, PREFIX)
+    source, faults = seeded_source(s3_server, bucket, PREFIX, files)
 
     result = _fetcher(source, tmp_path, fake_time, logs).run()
 
@@ -140,8 +140,7 @@ def test_connection_errors_and_5xx_are_retried(
     s3_server: S3Server, bucket: str, tmp_path: Path, fake_time: FakeTime, logs: LogCapture
 ) -> None:
     files = make_files(3)
-    upload(s3_server.client(), bucket, PREFIX, files)
-    source, faults = s3_source(s3_server, bucket, PREFIX)
+    source, faults = seeded_source(s3_server, bucket, PREFIX, files)
     first = f"{PREFIX}/{sorted(files)[0]}"
     faults.drop_connection(2, key=first)
     faults.error("InternalError", 500, key=first, times=1)
@@ -172,8 +171,7 @@ def test_non_retryable_errors_fail_fast_with_a_clear_message(
 ) -> None:
     code, status, hint = case
     files = make_files(6)
-    upload(s3_server.client(), bucket, PREFIX, files)
-    source, faults = s3_source(s3_server, bucket, PREFIX)
+    source, faults = seeded_source(s3_server, bucket, PREFIX, files)
     bad = f"{PREFIX}/{sorted(files)[2]}"
     faults.error(code, status, key=bad)
 
@@ -206,8 +204,7 @@ def test_corrupted_transfer_is_detected_by_etag_and_retried(
     s3_server: S3Server, bucket: str, tmp_path: Path, fake_time: FakeTime, logs: LogCapture
 ) -> None:
     files = make_files(4)
-    upload(s3_server.client(), bucket, PREFIX, files)
-    source, faults = s3_source(s3_server, bucket, PREFIX)
+    source, faults = seeded_source(s3_server, bucket, PREFIX, files)
     victim = sorted(files)[1]
     faults.corrupt(f"{PREFIX}/{victim}", times=2)
 
@@ -228,8 +225,7 @@ def test_persistent_checksum_mismatch_fails_with_integrity_exit(
     victim = sorted(files)[0]
     lines[0] = f"{'0' * 64}  {victim}"  # the producer's manifest disagrees with the object
     files["MANIFEST.sha256"] = ("\n".join(lines) + "\n").encode()
-    upload(s3_server.client(), bucket, PREFIX, files)
-    source, faults = s3_source(s3_server, bucket, PREFIX)
+    source, faults = seeded_source(s3_server, bucket, PREFIX, files)
 
     with pytest.raises(IntegrityError) as info:
         _fetcher(source, tmp_path, fake_time, logs, concurrency=1, attempts=3).run()
@@ -249,8 +245,7 @@ def test_source_manifest_is_checked_for_every_file(
     files = make_files(4)
     manifest = "".join(f"{hashlib.sha256(v).hexdigest()} *./{k}\n" for k, v in files.items())
     files["MANIFEST.sha256"] = manifest.encode()
-    upload(s3_server.client(), bucket, PREFIX, files)
-    source, _ = s3_source(s3_server, bucket, PREFIX)
+    source, _ = seeded_source(s3_server, bucket, PREFIX, files)
 
     result = _fetcher(source, tmp_path, fake_time, logs).run()
 
@@ -265,8 +260,7 @@ def test_manifest_that_disagrees_with_the_listing_is_rejected(
     files = make_files(3)
     manifest = "".join(f"{hashlib.sha256(v).hexdigest()}  {k}\n" for k, v in files.items())
     files["MANIFEST.sha256"] = (manifest + f"{'1' * 64}  lost.bin\n").encode()
-    upload(s3_server.client(), bucket, PREFIX, files)
-    source, faults = s3_source(s3_server, bucket, PREFIX)
+    source, faults = seeded_source(s3_server, bucket, PREFIX, files)
 
     with pytest.raises(SourceError, match=r"missing at source \['lost.bin'\]"):
         _fetcher(source, tmp_path, fake_time, logs).run()

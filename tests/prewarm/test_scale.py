@@ -34,6 +34,7 @@ from tests.prewarm.conftest import (
     make_files,
     read_tree,
     s3_source,
+    seeded_source,
     upload,
 )
 from tests.prewarm.loadtest import GeneratedSource
@@ -81,8 +82,7 @@ def test_throttling_slows_the_node_and_retries_come_from_one_shared_budget(
     s3_server: S3Server, bucket: str, tmp_path: Path, fake_time: FakeTime, logs: LogCapture
 ) -> None:
     files = make_files(6)
-    upload(s3_server.client(), bucket, PREFIX, files)
-    source, faults = s3_source(s3_server, bucket, PREFIX)
+    source, faults = seeded_source(s3_server, bucket, PREFIX, files)
     names = sorted(files)
     faults.throttle(3, key=f"{PREFIX}/{names[0]}")
     faults.throttle(3, key=f"{PREFIX}/{names[1]}")
@@ -145,8 +145,7 @@ def test_a_failing_file_is_retried_in_a_later_round_while_the_others_proceed(
     s3_server: S3Server, bucket: str, tmp_path: Path, fake_time: FakeTime, logs: LogCapture
 ) -> None:
     files = make_files(6)
-    upload(s3_server.client(), bucket, PREFIX, files)
-    source, faults = s3_source(s3_server, bucket, PREFIX)
+    source, faults = seeded_source(s3_server, bucket, PREFIX, files)
     victim = f"{PREFIX}/{sorted(files)[0]}"
     faults.throttle(5, key=victim)  # more than its 2 attempts in one go
 
@@ -163,8 +162,7 @@ def test_a_file_that_keeps_failing_leaves_the_rest_for_the_next_run(
     s3_server: S3Server, bucket: str, tmp_path: Path, fake_time: FakeTime, logs: LogCapture
 ) -> None:
     files = make_files(6)
-    upload(s3_server.client(), bucket, PREFIX, files)
-    source, faults = s3_source(s3_server, bucket, PREFIX)
+    source, faults = seeded_source(s3_server, bucket, PREFIX, files)
     victim = sorted(files)[0]
     faults.throttle(1_000, key=f"{PREFIX}/{victim}")
 
@@ -267,8 +265,7 @@ def test_gate_and_refetch_trust_a_marked_version_without_rehashing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     files = make_files(5)
-    upload(s3_server.client(), bucket, PREFIX, files)
-    source, _ = s3_source(s3_server, bucket, PREFIX)
+    source, _ = seeded_source(s3_server, bucket, PREFIX, files)
     vdir = _fetcher(source, tmp_path, fake_time, logs).run().vdir
     hashed: list[Path] = []
     real_hash = cache.hash_file

@@ -305,16 +305,22 @@ class Fetcher:
 
     def _retrying(self, what: str, fn: Callable[[], T]) -> T:
         """One small source request (a list page, a manifest) under the source's limits."""
+        return self._with_retry(lambda _n: self._request(fn), what, None, self.sleep)
 
-        def attempt(_n: int) -> T:
-            return self._request(fn)
-
+    def _with_retry(
+        self,
+        attempt: Callable[[int], T],
+        what: str,
+        progress: _Progress | None,
+        sleep: Callable[[float], object],
+    ) -> T:
+        """``attempt`` under the retry policy, spending the source's shared retry budget."""
         return call_with_retry(
             attempt,
             self.opts.retry,
-            sleep=self.sleep,
+            sleep=sleep,
             rng=self.rng,
-            on_retry=self._on_retry(what, None),
+            on_retry=self._on_retry(what, progress),
             budget=self.limiter.budget(self._key).try_spend,
         )
 
@@ -569,13 +575,11 @@ class Fetcher:
             if f.size >= self.opts.ranged_threshold and f.size > self.opts.part_size:
                 result = self._transfer_ranged(f, sha256, progress)
             else:
-                result = call_with_retry(
+                result = self._with_retry(
                     lambda _n: self._transfer_once(f, sha256),
-                    self.opts.retry,
-                    sleep=self._sleep_unless_cancelled,
-                    rng=self.rng,
-                    on_retry=self._on_retry(f.path, progress),
-                    budget=self.limiter.budget(self._key).try_spend,
+                    f.path,
+                    progress,
+                    self._sleep_unless_cancelled,
                 )
         except (TransientError, _Cancelled):
             raise  # a transient failure is deferred to a later round by _fetch_round
@@ -739,14 +743,7 @@ class Fetcher:
             if pos != end + 1:
                 raise TransientError(f"{f.path}: part {n} ended at {pos}, not {end + 1}")
 
-        call_with_retry(
-            attempt,
-            self.opts.retry,
-            sleep=self._sleep_unless_cancelled,
-            rng=self.rng,
-            on_retry=self._on_retry(f"{f.path} part {n}", progress),
-            budget=self.limiter.budget(self._key).try_spend,
-        )
+        self._with_retry(attempt, f"{f.path} part {n}", progress, self._sleep_unless_cancelled)
         try:
             os.fsync(fd)
         except OSError as exc:

@@ -17,7 +17,7 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, TypeVar
 
 import boto3
 from botocore.config import Config
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from types_boto3_s3.type_defs import ListObjectsV2RequestTypeDef
 
 CHUNK = 1 << 20
+T = TypeVar("T")
 # sha256sum-format file list published by the dataset's producer; when present it is the
 # authority for the checksum of every file (it works for multipart and KMS objects alike).
 SOURCE_MANIFEST = "MANIFEST.sha256"
@@ -357,12 +358,14 @@ class S3Source:
             return ListPage(files, None)
         return ListPage(files, page.get("NextContinuationToken") or None)
 
-    def read_index(self) -> list[RemoteFile] | None:
-        what = f"s3://{self.bucket}/{self._key(SOURCE_INDEX)}"
+    def _get_small(self, path: str, read: Callable[[Any, str], T]) -> T | None:
+        """GET one object under the prefix and ``read(body, what)`` it; None when there is
+        no such object. Any other failure raises as the fetch's other requests do."""
+        what = f"s3://{self.bucket}/{self._key(path)}"
         try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=self._key(SOURCE_INDEX))
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._key(path))
             with contextlib.closing(resp["Body"]) as body:
-                return parse_index(body.iter_lines(), what, dir_source=False)
+                return read(body, what)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in {"NoSuchKey", "404"}:
                 return None
@@ -370,21 +373,19 @@ class S3Source:
         except BotoCoreError as exc:
             raise self._fail(exc, f"get {what}") from exc
 
+    def read_index(self) -> list[RemoteFile] | None:
+        return self._get_small(
+            SOURCE_INDEX, lambda body, what: parse_index(body.iter_lines(), what, dir_source=False)
+        )
+
     def read_small(self, path: str, max_bytes: int) -> bytes | None:
-        what = f"s3://{self.bucket}/{self._key(path)}"
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=self._key(path))
-            with contextlib.closing(resp["Body"]) as body:
-                data = body.read(max_bytes + 1)
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in {"NoSuchKey", "404"}:
-                return None
-            raise self._fail(exc, f"get {what}") from exc
-        except BotoCoreError as exc:
-            raise self._fail(exc, f"get {what}") from exc
-        if len(data) > max_bytes:
-            raise SourceError(f"{what}: larger than {max_bytes} bytes")
-        return data
+        def read(body: Any, what: str) -> bytes:
+            data: bytes = body.read(max_bytes + 1)
+            if len(data) > max_bytes:
+                raise SourceError(f"{what}: larger than {max_bytes} bytes")
+            return data
+
+        return self._get_small(path, read)
 
     def _part_size(self, f: RemoteFile, parts: int) -> int | None:
         """Part size of a multipart object, from the size of its first part (one HEAD)."""
