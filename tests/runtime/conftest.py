@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ def run_job() -> RunJob:
         fault: str | None = None,
         max_restarts: int = 0,
         args: tuple[str, ...] = (),
+        nproc: int = 2,
         timeout: float = 120,
         **env: str,
     ) -> JobResult:
@@ -33,7 +35,7 @@ def run_job() -> RunJob:
         if fault:
             env["TRAINSTACK_FAULT"] = fault
         proc = subprocess.run(
-            supervisor_cmd(workdir, max_restarts=max_restarts, args=args),
+            supervisor_cmd(workdir, nproc=nproc, max_restarts=max_restarts, args=args),
             env=job_env(workdir, **env),
             capture_output=True,
             text=True,
@@ -46,22 +48,36 @@ def run_job() -> RunJob:
 
 
 @pytest.fixture(scope="session")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> Baseline:
-    """Losses of an uninterrupted run: the reference every resumed run must match exactly."""
+def baselines(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Baseline]:
+    """Losses of an uninterrupted run of the example job with ``args``: the reference every
+    resumed run with the same args must match exactly. Computed once per args."""
     if not HAVE_TORCH:
         pytest.skip("torch is not installed")
-    workdir = tmp_path_factory.mktemp("baseline")
-    proc = subprocess.run(
-        supervisor_cmd(workdir),
-        env=job_env(workdir),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    losses = JobResult(0, workdir, "").losses()
-    assert set(losses) == {0, 1}
-    for per_step in losses.values():
-        assert sorted(per_step) == list(range(1, STEPS + 1))
-    return losses
+    cache: dict[tuple[str, ...], Baseline] = {}
+
+    def get(args: tuple[str, ...] = ()) -> Baseline:
+        if args in cache:
+            return cache[args]
+        workdir = tmp_path_factory.mktemp("baseline")
+        proc = subprocess.run(
+            supervisor_cmd(workdir, args=args),
+            env=job_env(workdir),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        losses = JobResult(0, workdir, "").losses()
+        assert set(losses) == {0, 1}
+        for per_step in losses.values():
+            assert sorted(per_step) == list(range(1, STEPS + 1))
+        cache[args] = losses
+        return losses
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def baseline(baselines: Callable[..., Baseline]) -> Baseline:
+    return baselines()

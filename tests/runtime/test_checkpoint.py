@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -20,12 +21,12 @@ if HAVE_TORCH:
         CheckpointConfig,
         CheckpointManager,
         TrainState,
-        _safe_loads,
         committed_steps,
         select_checkpoint,
         step_dir_name,
         verify,
     )
+    from trainstack_runtime.ckptfiles import SafeReader, safe_loads
     from trainstack_runtime.data import ResumableLoader, SyntheticRegression
     from trainstack_runtime.exitcodes import ConfigError
 
@@ -109,12 +110,12 @@ def test_layout_manifest_latest_and_retention(tmp_path: Path) -> None:
     assert (tmp_path / "LATEST").read_text().strip() == "3"
     newest = tmp_path / step_dir_name(3)
     manifest = json.loads((newest / MANIFEST).read_text())
-    assert manifest["format"] == "trainstack-checkpoint/1"
+    assert manifest["format"] == "trainstack-checkpoint/2"
     assert manifest["step"] == 3
     assert manifest["world_size"] == 1
     assert set(manifest["files"]) == {
-        "shared.pkl",
-        "rank-00000.bin",
+        ".metadata",
+        "__0_0.distcp",
         "rank-00000.pkl",
         "rank-00000.done.json",
     }
@@ -150,11 +151,12 @@ def _flip(path: Path) -> None:
 @pytest.mark.parametrize(
     ("damage", "reason"),
     [
-        (lambda d: _flip(d / "rank-00000.bin"), "rank-00000.bin: sha256 mismatch"),
-        (lambda d: _flip(d / "shared.pkl"), "shared.pkl: sha256 mismatch"),
+        (lambda d: _flip(d / "__0_0.distcp"), "__0_0.distcp: sha256 mismatch"),
+        (lambda d: _flip(d / ".metadata"), ".metadata: sha256 mismatch"),
+        (lambda d: _flip(d / "rank-00000.pkl"), "rank-00000.pkl: sha256 mismatch"),
         (
-            lambda d: (d / "rank-00000.bin").write_bytes((d / "rank-00000.bin").read_bytes()[:-3]),
-            "rank-00000.bin: size",
+            lambda d: (d / "__0_0.distcp").write_bytes((d / "__0_0.distcp").read_bytes()[:-3]),
+            "__0_0.distcp: size",
         ),
         (lambda d: (d / "rank-00000.pkl").unlink(), "missing file rank-00000.pkl"),
         (lambda d: (d / MANIFEST).unlink(), "no manifest.json"),
@@ -163,7 +165,8 @@ def _flip(path: Path) -> None:
     ],
     ids=[
         "bitflip-data",
-        "bitflip-skeleton",
+        "bitflip-index",
+        "bitflip-private",
         "truncated",
         "missing-file",
         "no-manifest",
@@ -182,18 +185,21 @@ def test_verify_detects_damage(tmp_path: Path, damage: object, reason: str) -> N
 
 def test_select_falls_back_and_quarantines(tmp_path: Path) -> None:
     newest = _committed(tmp_path, (1, 2, 3))
-    _flip(newest / "rank-00000.bin")
+    _flip(newest / "__0_0.distcp")
     (tmp_path / step_dir_name(2) / MANIFEST).unlink()
-    assert select_checkpoint(tmp_path, world_size=1) == 1
+    assert select_checkpoint(tmp_path) == 1
     assert committed_steps(tmp_path) == [1]
     assert (tmp_path / (step_dir_name(3) + ".corrupt")).is_dir()
     assert (tmp_path / (step_dir_name(2) + ".corrupt")).is_dir()
 
 
-def test_select_rejects_other_world_size(tmp_path: Path) -> None:
-    _committed(tmp_path, (1,))
-    with pytest.raises(ConfigError, match="written by 1 ranks but this job has 4"):
-        select_checkpoint(tmp_path, world_size=4)
+def test_checkpoint_of_the_first_format_is_refused_not_quarantined(tmp_path: Path) -> None:
+    old = tmp_path / step_dir_name(4)
+    old.mkdir()
+    (old / MANIFEST).write_text(json.dumps({"format": "trainstack-checkpoint/1", "files": {}}))
+    with pytest.raises(ConfigError, match=r"format 'trainstack-checkpoint/1' of an earlier"):
+        _manager(tmp_path).restore(_state())
+    assert committed_steps(tmp_path) == [4]  # left as it is
 
 
 def test_restore_starts_fresh_and_cleans_partial_writes(tmp_path: Path) -> None:
@@ -208,7 +214,7 @@ def test_checkpoint_pickles_refuse_code(tmp_path: Path) -> None:
             return (print, ("owned",))
 
     with pytest.raises(pickle.UnpicklingError, match=r"builtins\.print"):
-        _safe_loads(pickle.dumps(Evil()))
+        safe_loads(pickle.dumps(Evil()))
 
 
 def test_unrestorable_state_fails_fast(tmp_path: Path) -> None:
@@ -248,8 +254,8 @@ def test_loader_position_round_trip() -> None:
     for _ in range(5):
         for x, y in zip(next(a), next(b), strict=True):
             assert torch.equal(x, y)
-    with pytest.raises(ConfigError):
-        ResumableLoader(data, 3, rank=0, world_size=4, seed=1).load_state_dict(a.state_dict())
+    with pytest.raises(ConfigError, match="seed"):
+        ResumableLoader(data, 3, rank=1, world_size=2, seed=2).load_state_dict(a.state_dict())
 
 
 def test_time_based_interval_is_checked_every_n_steps(
@@ -280,3 +286,103 @@ def test_interval_config_from_env(tmp_path: Path) -> None:
     assert (cfg.interval_s, cfg.check_every, cfg.keep, cfg.every) == (600.0, 10, 3, 0)
     with pytest.raises(ConfigError, match="TRAINSTACK_CHECKPOINT_INTERVAL_S"):
         CheckpointConfig.from_env({"TRAINSTACK_CHECKPOINT_INTERVAL_S": "-1"})
+
+
+@pytest.mark.parametrize("scaler", [False, True], ids=["optimizer.step", "GradScaler.step"])
+def test_optimizer_step_waits_for_staging_without_the_loop_calling_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scaler: bool
+) -> None:
+    """Issue 22 #2: loops that never call wait_for_staging (Hugging Face, Lightning, a
+    GradScaler) must not commit the next step's tensors under this step's label. A global
+    optimizer step pre-hook (torch/optim/optimizer.py, register_optimizer_step_pre_hook)
+    makes optimizer.step() wait; GradScaler.step calls optimizer.step (torch/amp/grad_scaler.py)."""
+    state = _state()
+    _train(state, 2)
+    before = {k: v.clone() for k, v in state.model.state_dict().items()}
+    mgr = _manager(tmp_path)
+    stage = mgr._stager._state_dict_stager.stage
+
+    def slow_stage(*args: object, **kwargs: object) -> object:
+        time.sleep(0.5)  # staging still running when the loop reaches optimizer.step()
+        return stage(*args, **kwargs)
+
+    monkeypatch.setattr(mgr._stager._state_dict_stager, "stage", slow_stage)
+    mgr.save(2, state)
+    assert state.optimizer is not None
+    x, y = next(state.loader)  # type: ignore[call-overload]
+    loss = torch.nn.functional.mse_loss(state.model(x), y)
+    state.optimizer.zero_grad()
+    if scaler:
+        grad_scaler = torch.amp.GradScaler("cpu")
+        grad_scaler.scale(loss).backward()
+        grad_scaler.step(state.optimizer)
+        grad_scaler.update()
+    else:
+        loss.backward()
+        state.optimizer.step()
+    mgr.wait()
+    assert mgr.take_hook_stall() > 0  # the step did wait
+    check = _state(seed=5)
+    assert _manager(tmp_path).restore(check) == 2
+    for key, value in check.model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_verification_is_shared_between_ranks(tmp_path: Path) -> None:
+    """Issue 22 #12: rank r hashes files r, r+W, ... (sorted by name); sizes are checked by all."""
+    newest = _committed(tmp_path)
+    names = sorted(json.loads((newest / MANIFEST).read_text())["files"])
+    _flip(newest / names[0])
+    assert verify(newest, share=(1, 2)).ok
+    assert not verify(newest, share=(0, 2)).ok
+
+
+def test_loader_resumes_on_another_world_size() -> None:
+    """A resharded resume skips nothing of the epoch and re-reads less than a batch per rank."""
+    data = SyntheticRegression(48, 2, seed=4)
+    old = [ResumableLoader(data, 3, rank=r, world_size=2, seed=4) for r in range(2)]
+    consumed: list[torch.Tensor] = []
+    for _ in range(3):
+        for loader in old:
+            consumed.extend(next(loader)[0])
+    for world in (1, 3, 4):
+        new = [ResumableLoader(data, 3, rank=r, world_size=world, seed=4) for r in range(world)]
+        for loader in new:
+            loader.load_state_dict(old[0].state_dict())
+        rest: list[torch.Tensor] = []
+        for loader in new:
+            while loader.epoch == 0:
+                batch = next(loader)[0]
+                if loader.epoch == 0:
+                    rest.extend(batch)
+        seen = {tuple(t.tolist()) for t in consumed + rest}
+        # Each rank uses whole batches of its 48 // W samples: that prefix of the epoch's
+        # permutation is what an uninterrupted run on W ranks would have read.
+        usable = (48 // world) // 3 * 3 * world
+        assert len(seen) == usable, world  # nothing of it skipped
+        assert len(consumed) + len(rest) - len(seen) < 3 * world, world
+
+
+def test_dcp_index_is_read_without_running_code(tmp_path: Path) -> None:
+    newest = _committed(tmp_path)
+    assert SafeReader(newest).read_metadata().state_dict_metadata
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (print, ("owned",))
+
+    (newest / ".metadata").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(pickle.UnpicklingError, match=r"builtins\.print"):
+        SafeReader(newest).read_metadata()
+
+
+def test_retention_deletes_quarantined_checkpoints_older_than_the_kept(tmp_path: Path) -> None:
+    (tmp_path / (step_dir_name(1) + ".corrupt")).mkdir(parents=True)
+    (tmp_path / (step_dir_name(9) + ".corrupt1")).mkdir()
+    state = _state()
+    mgr = _manager(tmp_path, keep=2)
+    for step in (3, 4, 5):
+        _train(state, 1)
+        mgr.save(step, state, blocking=True)
+    names = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert names == [step_dir_name(4), step_dir_name(5), step_dir_name(9) + ".corrupt1"]

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,23 @@ def test_healthcheck_uses_runtime_probe(name: str) -> None:
     final = _final_stage((IMAGES / name / "Dockerfile").read_text())
     assert re.search(r'HEALTHCHECK .*\n?.*"trainstack_runtime\.health", "probe"', final)
     assert 'ENTRYPOINT ["python", "-m", "trainstack_runtime.supervisor"]' in final
+
+
+def test_framework_image_installs_the_runtime_dependencies() -> None:
+    """The runtime wheel is installed with --no-deps: each of its dependencies must be
+    installed beside torch at the version its pyproject pins (numpy for DCP)."""
+    deps = tomllib.loads((IMAGES / "runtime" / "pyproject.toml").read_text())["project"][
+        "dependencies"
+    ]
+    pins = dict(d.split("==") for d in deps)
+    constraints = dict(
+        line.split("==")
+        for line in (IMAGES / "framework" / "constraints.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    dockerfile = (IMAGES / "framework" / "Dockerfile").read_text()
+    for name, version in pins.items():
+        if name == "torch":
+            continue
+        assert constraints.get(name) == version, name
+        assert re.search(rf'"torch==\$\{{TORCH_VERSION\}}"[^\n]* {name}\b', dockerfile), name

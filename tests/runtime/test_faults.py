@@ -97,7 +97,8 @@ def test_corrupt_newest_checkpoint_is_detected_and_skipped(
     first = run_job(tmp_path, args=("--steps", "17"))  # commits 5, 10, 15 and final 17
     assert first.code == ExitCode.OK, first.output[-3000:]
     newest = first.checkpoints / step_dir_name(17)
-    data = newest / "rank-00001.bin"
+    # The largest of DCP's data files (one per writing rank): a flip in tensor bytes.
+    data = max(newest.glob("*.distcp"), key=lambda p: p.stat().st_size)
     raw = bytearray(data.read_bytes())
     raw[len(raw) // 2] ^= 0x01  # one flipped bit, same size: only the checksum can tell
     data.write_bytes(bytes(raw))

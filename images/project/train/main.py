@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from trainstack_runtime.checkpoint import TrainState
 from trainstack_runtime.data import ResumableLoader, SyntheticRegression
@@ -36,6 +37,8 @@ class Args:
     seed: int
     loss_log: Path | None
     step_sleep: float
+    parallel: str
+    declare_replicated: bool
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
@@ -49,6 +52,18 @@ def parse_args(argv: list[str] | None = None) -> Args:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--loss-log", type=Path, default=None)
     p.add_argument("--step-sleep", type=float, default=0.0, help="slow steps down (tests)")
+    p.add_argument(
+        "--parallel",
+        choices=("ddp", "fsdp2", "per-rank"),
+        default="ddp",
+        help="ddp: replicated model; fsdp2: fully_shard (parameters and optimizer state "
+        "sharded across ranks); per-rank: every rank trains its own model",
+    )
+    p.add_argument(
+        "--declare-replicated",
+        action="store_true",
+        help="tests: declare per-rank state replicated (the checkpoint must refuse it)",
+    )
     ns = p.parse_args(argv)
     args = Args(**vars(ns))
     if args.steps < 1 or args.lr <= 0 or args.dim < 1 or args.hidden < 1:
@@ -74,10 +89,13 @@ class MLP(nn.Module):
 def train(args: Args) -> None:
     with Session.start() as s:
         topo = s.topology
-        torch.manual_seed(args.seed)
+        per_rank = args.parallel == "per-rank"
+        torch.manual_seed(args.seed + (topo.rank if per_rank else 0))
         model: nn.Module = MLP(args.dim, args.hidden)
-        if topo.is_distributed:
+        if topo.is_distributed and args.parallel == "ddp":
             model = DistributedDataParallel(model)
+        elif topo.is_distributed and args.parallel == "fsdp2":
+            fully_shard(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.5)
         loader = ResumableLoader(
@@ -87,7 +105,9 @@ def train(args: Args) -> None:
             world_size=topo.world_size,
             seed=args.seed,
         )
-        state = TrainState(model, optimizer, scheduler, loader)
+        state = TrainState(
+            model, optimizer, scheduler, loader, replicated=not per_rank or args.declare_replicated
+        )
         start = s.restore(state)
         s.watch_comm(model)
         log = None
@@ -102,7 +122,6 @@ def train(args: Args) -> None:
                 optimizer.zero_grad(set_to_none=True)
                 with s.timed_backward():
                     loss.backward()
-                s.before_optimizer_step()
                 optimizer.step()
                 scheduler.step()
                 if log is not None:

@@ -88,6 +88,17 @@ class ResumableLoader:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["world_size"] != self.world_size or state["seed"] != self.seed:
-            raise ConfigError("data-loader state was saved with another world size or seed")
-        self.epoch, self.position, self._order = int(state["epoch"]), int(state["position"]), None
+        """Resume; also on another number of ranks (a resharded checkpoint). Ranks read
+        ``perm[rank::world]`` in lockstep, so ``position`` on W ranks means the first
+        ``position * W`` samples of the epoch's permutation were consumed; on W' ranks that
+        is position ``position * W // W'``, rounded down to whole batches so that the epoch's
+        tail is cut where a run on W' ranks cuts it: nothing skipped, fewer than
+        ``batch_size * W'`` samples read twice."""
+        if state["seed"] != self.seed:
+            raise ConfigError(
+                f"data-loader state was saved with seed {state['seed']}, this loader has "
+                f"{self.seed}"
+            )
+        position = int(state["position"]) * int(state["world_size"]) // self.world_size
+        position -= position % self.batch_size
+        self.epoch, self.position, self._order = int(state["epoch"]), position, None

@@ -14,7 +14,6 @@ Typical loop::
                 loss = ...
                 with s.timed_backward():
                     loss.backward()
-                s.before_optimizer_step()
                 optimizer.step()
                 scheduler.step()
                 s.end_step(step, state, samples=len(batch))
@@ -153,6 +152,8 @@ class Session:
                 self._comm_s += max(0.0, time.perf_counter() - self._grad_ready)
 
     def before_optimizer_step(self) -> None:
+        """Optional: ``optimizer.step()`` itself waits for an in-flight save's staging (a
+        step pre-hook), so loops that never call this cannot commit a torn checkpoint."""
         self._stall_s += self.checkpoints.wait_for_staging()
 
     # ---- per step ----
@@ -161,6 +162,7 @@ class Session:
         after the emergency checkpoint committed."""
         self._faults.at_step_end(step)
         self.checkpoints.poll()
+        self._stall_s += self.checkpoints.take_hook_stall()
         if self.checkpoints.should_save(step):
             self.checkpoints.save(step, state)
             self._stall_s += self.checkpoints.last_stall_s

@@ -1,0 +1,379 @@
+"""The checkpoint directory on disk: names, manifest, verification, quarantine, retention, and
+the restricted readers. No training state and no collectives here (those are checkpoint.py).
+
+Layout under the durable root (``TRAINSTACK_CHECKPOINT_DIR``, default ``/checkpoints``)::
+
+    step-000000120/            committed: renamed from .tmp only after manifest.json exists
+      manifest.json            written last by rank 0: format, step, world size, size+sha256
+                               of every file below
+      .metadata                torch.distributed.checkpoint's index (written by its coordinator)
+      __0_0.distcp             DCP data: the model/optimizer tensors rank 0 wrote
+      __1_0.distcp             ... rank 1's share (replicated tensors are written once)
+      rank-00000.pkl           rank 0's private state (step, RNG, loader, scheduler, extras)
+      rank-00000.done.json     rank 0's commit vote (its files and checksums)
+    step-000000130.tmp/        in flight (or left by a crash: deleted on the next start)
+    step-000000110.corrupt/    failed verification: kept for inspection until it is older than
+                               every kept checkpoint, then deleted with them
+    LATEST                     hint only; the highest valid step-* directory is authoritative
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import pickle
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
+
+from .exitcodes import ConfigError
+
+log = logging.getLogger("trainstack.checkpoint")
+
+FORMAT = "trainstack-checkpoint/2"
+# Written by the runtime before it moved onto torch.distributed.checkpoint; refused on load.
+LEGACY_FORMATS = frozenset({"trainstack-checkpoint/1"})
+MANIFEST = "manifest.json"
+LATEST = "LATEST"
+DCP_METADATA = ".metadata"  # FileSystemWriter's index name (filesystem.py, _metadata_fn)
+_STEP_DIR = re.compile(r"^step-(\d{9})$")
+_CORRUPT_DIR = re.compile(r"^step-(\d{9})\.corrupt\d*$")
+_CHUNK = 16 << 20
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+def rank_name(rank: int) -> str:
+    return f"rank-{rank:05d}"
+
+
+def data_files(directory: Path, rank: int) -> list[Path]:
+    """The DCP data files ``rank`` wrote: FileSystemWriter prefixes them ``__<rank>_``
+    (torch/distributed/checkpoint/filesystem.py, ``prepare_global_plan``)."""
+    return sorted(directory.glob(f"__{rank}_*.distcp"))
+
+
+# --- file helpers ---------------------------------------------------------------------------
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_bytes(path: Path, data: bytes) -> dict[str, Any]:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def describe(path: Path) -> dict[str, Any]:
+    return {"size": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def copy_verified(src: Path, dst: Path) -> dict[str, Any]:
+    """Copy from the local tier to the durable one (fsync); the checksum is of the bytes read
+    back from the local disk, so a bad local copy fails the commit rather than the resume."""
+    h = hashlib.sha256()
+    size = 0
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        while chunk := fin.read(_CHUNK):
+            fout.write(chunk)
+            h.update(chunk)
+            size += len(chunk)
+        fout.flush()
+        os.fsync(fout.fileno())
+    return {"size": size, "sha256": h.hexdigest()}
+
+
+# --- verification ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    reason: str = ""
+    manifest: dict[str, Any] | None = None
+
+
+def _allowed_name(name: str) -> bool:
+    return "/" not in name and (name == DCP_METADATA or not name.startswith("."))
+
+
+def read_manifest(directory: Path) -> tuple[dict[str, Any] | None, str]:
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None, "no manifest.json (incomplete write)"
+    except (OSError, ValueError) as err:
+        return None, f"unreadable manifest: {err}"
+    if not isinstance(manifest, dict):
+        return None, f"not a {FORMAT} manifest"
+    return manifest, ""
+
+
+def legacy_error(directory: Path, fmt: object) -> ConfigError:
+    return ConfigError(
+        f"checkpoint {directory} is in the format {fmt!r} of an earlier trainstack runtime; "
+        f"this runtime reads {FORMAT} (torch.distributed.checkpoint). Finish the run with the "
+        "earlier runtime image, or point TRAINSTACK_CHECKPOINT_DIR at an empty path to start "
+        "fresh (the old directory is left as it is)"
+    )
+
+
+def verify(  # noqa: PLR0911 - one exit per defect
+    directory: Path, *, checksums: bool = True, share: tuple[int, int] = (0, 1)
+) -> Verdict:
+    """Check a committed checkpoint: manifest readable, every file present with its size, and
+    the sha256 of the files in this caller's ``share`` = (index, count): file ``i`` (sorted by
+    name) is hashed by the caller with ``i % count == index``, so ranks verify in parallel."""
+    manifest, reason = read_manifest(directory)
+    if manifest is None:
+        return Verdict(False, reason)
+    if manifest.get("format") != FORMAT:
+        return Verdict(False, f"not a {FORMAT} manifest", manifest)
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return Verdict(False, "manifest lists no files")
+    index, count = share
+    for i, (name, meta) in enumerate(sorted(files.items())):
+        if not _allowed_name(name):
+            return Verdict(False, f"manifest names a path outside the checkpoint: {name}")
+        path = directory / name
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return Verdict(False, f"missing file {name}")
+        if size != meta.get("size"):
+            return Verdict(False, f"{name}: size {size} != manifest {meta.get('size')}")
+        if checksums and i % count == index and sha256_file(path) != meta.get("sha256"):
+            return Verdict(False, f"{name}: sha256 mismatch")
+    return Verdict(True, manifest=manifest)
+
+
+def committed_steps(root: Path) -> list[int]:
+    """Steps whose directory was renamed into place (not yet verified), ascending."""
+    if not root.is_dir():
+        return []
+    steps = []
+    for entry in root.iterdir():
+        match = _STEP_DIR.match(entry.name)
+        if match and entry.is_dir():
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def select_checkpoint(root: Path, *, quarantine: bool = True) -> int | None:
+    """Newest verified step under ``root`` for a single process; corrupt ones are moved aside.
+    None: start fresh. (Jobs verify in parallel across ranks: CheckpointManager.restore.)"""
+    for step in reversed(committed_steps(root)):
+        directory = root / step_dir_name(step)
+        result = verify(directory)
+        if result.ok:
+            return step
+        if result.manifest is not None and result.manifest.get("format") in LEGACY_FORMATS:
+            raise legacy_error(directory, result.manifest["format"])
+        log.error("checkpoint %s is invalid (%s); falling back", directory, result.reason)
+        if quarantine:
+            quarantine_dir(directory)
+    return None
+
+
+def quarantine_dir(directory: Path) -> None:
+    target = directory.with_name(directory.name + ".corrupt")
+    n = 1
+    while target.exists():
+        target = directory.with_name(f"{directory.name}.corrupt{n}")
+        n += 1
+    os.replace(directory, target)
+
+
+def retain(root: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` checkpoints, and quarantined ones older than the
+    oldest kept (kept that long for inspection). A failed delete costs space, not correctness."""
+    steps = committed_steps(root)
+    doomed = [root / step_dir_name(s) for s in steps[: max(0, len(steps) - keep)]]
+    kept = steps[max(0, len(steps) - keep) :]
+    if kept:
+        doomed += [
+            entry
+            for entry in root.iterdir()
+            if (m := _CORRUPT_DIR.match(entry.name)) and int(m.group(1)) < kept[0]
+        ]
+    for path in doomed:
+        try:
+            shutil.rmtree(path)
+        except OSError as err:
+            log.warning("could not delete old checkpoint %s: %s", path, err)
+
+
+# --- private state: nested plain data with tensors as raw bytes ------------------------------
+@dataclass(frozen=True)
+class TensorRef:
+    index: int
+
+
+def _encode(obj: Any, out: list[tuple[str, list[int], bytes]]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        if obj.is_sparse or obj.is_quantized or obj.is_nested:
+            raise ConfigError("sparse, quantized and nested tensors are not supported")
+        host = obj.detach().to("cpu").contiguous()
+        raw = host.reshape(-1).view(torch.uint8).numpy().tobytes() if host.numel() else b""
+        out.append((str(host.dtype), list(host.shape), raw))
+        return TensorRef(len(out) - 1)
+    if isinstance(obj, dict):
+        encoded = {k: _encode(v, out) for k, v in obj.items()}
+        return type(obj)(encoded) if type(obj) is not dict else encoded
+    if isinstance(obj, list):
+        return [_encode(v, out) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_encode(v, out) for v in obj)
+    return obj
+
+
+def _dtype(name: str) -> torch.dtype:
+    value = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise pickle.UnpicklingError(f"unknown dtype {name}")
+    return value
+
+
+def _decode(obj: Any, tensors: list[tuple[str, list[int], bytes]]) -> Any:
+    if isinstance(obj, TensorRef):
+        dtype_name, shape, data = tensors[obj.index]
+        dtype = _dtype(dtype_name)
+        if not data:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+    if isinstance(obj, dict):
+        decoded = {k: _decode(v, tensors) for k, v in obj.items()}
+        return type(obj)(decoded) if type(obj) is not dict else decoded
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_decode(v, tensors) for v in obj)
+    return obj
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Private state holds plain data: refuse every global except these few."""
+
+    _ALLOWED = frozenset(
+        {
+            (__name__, "TensorRef"),
+            ("collections", "OrderedDict"),
+            ("builtins", "set"),
+            ("builtins", "frozenset"),
+            ("builtins", "complex"),
+            ("builtins", "slice"),
+        }
+    )
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"checkpoint refers to disallowed global {module}.{name}")
+
+
+def safe_loads(data: bytes) -> Any:
+    return _SafeUnpickler(io.BytesIO(data)).load()
+
+
+def dumps_private(obj: Any) -> bytes:
+    """Pickle private state with its tensors as bytes, refusing what ``loads_private`` would."""
+    tensors: list[tuple[str, list[int], bytes]] = []
+    data = pickle.dumps((_encode(obj, tensors), tensors), protocol=5)
+    try:
+        safe_loads(data)
+    except pickle.UnpicklingError as err:
+        raise ConfigError(
+            f"training state holds an object checkpoints cannot restore: {err}"
+        ) from err
+    return data
+
+
+def loads_private(data: bytes) -> Any:
+    skeleton, tensors = safe_loads(data)
+    return _decode(skeleton, tensors)
+
+
+# --- DCP readers that unpickle only data -----------------------------------------------------
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's FileSystemReader.read_metadata is a plain ``pickle.load`` (any global, so any
+    code); its index holds only DCP's metadata dataclasses, sizes, dtypes and paths."""
+
+    _MODULES = frozenset({"torch.distributed.checkpoint.metadata"})
+    _ALLOWED = frozenset(
+        {
+            ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+            ("torch", "Size"),
+            ("torch.serialization", "_get_layout"),
+            ("pathlib", "PosixPath"),
+            ("collections", "OrderedDict"),
+        }
+    )
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in self._MODULES or (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"checkpoint index refers to disallowed global {module}.{name}"
+        )
+
+
+class SafeReader(FileSystemReader):
+    def read_metadata(self, *_: Any, **__: Any) -> Metadata:
+        path = Path(self.path) / DCP_METADATA
+        with open(path, "rb") as fh:
+            metadata = _MetadataUnpickler(fh).load()
+        if not isinstance(metadata, Metadata):
+            raise pickle.UnpicklingError(f"{path} is not a checkpoint index")
+        storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+        storage_meta.load_id = self.load_id
+        metadata.storage_meta = storage_meta
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """Non-tensor values (learning rates, betas...) are ``torch.save`` blobs that
+    DefaultLoadPlanner.load_bytes reads with ``torch.load(weights_only=False)``
+    (default_planner.py, torch 2.13.0): check them with the weights-only unpickler first."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        torch.load(value, weights_only=True)  # raises on anything but plain data
+        value.seek(0)
+        super().load_bytes(read_item, value)
