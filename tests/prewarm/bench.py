@@ -1,8 +1,12 @@
 """``make bench-prewarm``: the fleet load test at 64 nodes, and peak RSS with 1M objects.
 
 Last line: one JSON object, ``{"nodes", "completed", "request_rate_max", "request_rate_limit",
-"bytes_fetched_over_dataset_max", "peak_rss_mib_1m_objects"}``. The lines before it say what
-ran (throttled responses, restarts, per-phase times). Environment: ``BENCH_NODES`` (64),
+"bytes_fetched_over_dataset_max", "peak_rss_mib_1m_objects"}`` plus what the nodes sent:
+``attempted_rate_max`` (requests per second the clients sent, SlowDowns included),
+``attempted_rate_max_second_half`` (the same, once they have adapted) and
+``throttled_fraction``. ``request_rate_max`` is the rate the proxy served, which it caps at
+the limit by construction. The lines before it say what ran (throttled responses, restarts,
+per-phase times). Environment: ``BENCH_NODES`` (64),
 ``BENCH_OBJECTS`` (1,000,000) to scale it down.
 """
 
@@ -94,8 +98,12 @@ def fleet(nodes: int) -> dict[str, float | int]:
         print(
             f"fleet: {nodes} nodes x {per_node:g} req/s ceiling = {nodes * per_node:g} req/s "
             f"against a proxy limit of {limit} req/s; {result.restarted} pods killed and "
-            f"restarted; {result.stats.throttled} SlowDown responses, "
-            f"{len(result.stats.admitted)} requests served in {time.monotonic() - t0:.1f}s; "
+            f"restarted; {len(result.stats.attempted)} requests sent, "
+            f"{result.stats.throttled} answered SlowDown "
+            f"({result.stats.throttled_fraction():.1%}), "
+            f"{len(result.stats.admitted)} served in {time.monotonic() - t0:.1f}s; "
+            f"sent at most {result.stats.max_attempted_rate()}/s, "
+            f"{result.stats.max_attempted_rate(second_half=True)}/s in the second half; "
             f"errors: {result.errors or 'none'}",
             flush=True,
         )

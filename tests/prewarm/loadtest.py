@@ -47,20 +47,44 @@ _SLOWDOWN = (
 )
 
 
+def _max_in_window(times: list[float], window_s: float, since: float | None = None) -> int:
+    """Most of ``times`` in any window of ``window_s`` seconds (starting at ``since`` or later)."""
+    times = sorted(times)
+    best = 0
+    for i, t in enumerate(times):
+        if since is None or t >= since:
+            best = max(best, bisect.bisect_left(times, t + window_s) - i)
+    return best
+
+
 @dataclass
 class ProxyStats:
     admitted: list[float] = field(default_factory=list)  # monotonic time of each admitted request
+    # Every request the clients sent, admitted or answered SlowDown: what they attempt.
+    attempted: list[float] = field(default_factory=list)
     throttled: int = 0
     bytes_by_node: dict[int, int] = field(default_factory=lambda: collections.defaultdict(int))
     requests_by_node: dict[int, int] = field(default_factory=lambda: collections.defaultdict(int))
 
     def max_rate(self, window_s: float = 1.0) -> int:
-        """Most admitted requests in any window of ``window_s`` seconds."""
-        times = sorted(self.admitted)
-        best = 0
-        for i, t in enumerate(times):
-            best = max(best, bisect.bisect_left(times, t + window_s) - i)
-        return best
+        """Most admitted requests in any window of ``window_s`` seconds. The proxy admits at
+        most its limit per second by construction, so this checks the proxy, not the nodes."""
+        return _max_in_window(self.admitted, window_s)
+
+    def max_attempted_rate(self, window_s: float = 1.0, *, second_half: bool = False) -> int:
+        """Most requests the clients sent in any window of ``window_s`` seconds; with
+        ``second_half``, only windows starting in the second half of the run (from the first
+        to the last request), once the nodes have had time to adapt."""
+        if not self.attempted:
+            return 0
+        since = None
+        if second_half:
+            since = (min(self.attempted) + max(self.attempted)) / 2
+        return _max_in_window(self.attempted, window_s, since)
+
+    def throttled_fraction(self) -> float:
+        """Share of the clients' requests answered SlowDown."""
+        return self.throttled / len(self.attempted) if self.attempted else 0.0
 
 
 class ThrottlingProxy:
@@ -129,6 +153,7 @@ class ThrottlingProxy:
         node = int(match.group(1)) if match else -1
         with self._lock:
             self.stats.requests_by_node[node] += 1
+            self.stats.attempted.append(time.monotonic())
         if not self._admit():
             req.send_response(503)
             req.send_header("Content-Type", "application/xml")
@@ -213,6 +238,11 @@ class FleetResult:
             "request_rate_max": self.stats.max_rate(),
             "request_rate_limit": self.rate_limit,
             "bytes_fetched_over_dataset_max": round(over, 4),
+            # What the nodes sent, SlowDowns included: the served rate above cannot exceed
+            # the limit, since the proxy enforces it; these show how well the nodes adapt.
+            "attempted_rate_max": self.stats.max_attempted_rate(),
+            "attempted_rate_max_second_half": self.stats.max_attempted_rate(second_half=True),
+            "throttled_fraction": round(self.stats.throttled_fraction(), 4),
         }
 
 

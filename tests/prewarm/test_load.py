@@ -40,7 +40,12 @@ def test_fleet_behind_a_throttling_proxy_completes_once_per_node(
     summary = result.summary()
     assert summary["completed"] == nodes
     assert result.restarted == 2
-    assert summary["request_rate_max"] <= limit
+    assert summary["request_rate_max"] <= limit  # the proxy's own cap: checks the proxy
+    # What the nodes sent: every request was seen, those answered SlowDown included.
+    stats = result.stats
+    assert len(stats.attempted) == len(stats.admitted) + stats.throttled
+    assert summary["attempted_rate_max"] >= summary["request_rate_max"]
+    assert 0 <= summary["throttled_fraction"] < 1
     # Each node, the restarted ones included, fetched the dataset's bytes once; a kill may
     # cost the one object that was in flight with it.
     largest = 4000 + 9
