@@ -56,6 +56,55 @@ from .topology import ProcessTopology, init_process_group, process_topology
 log = logging.getLogger("trainstack.session")
 
 
+class CommTimer:
+    """Exposed communication time per step: CPU clocks on CPU, CUDA events on CUDA (see
+    ``Session.watch_comm``). ``event`` makes the CUDA path testable without a GPU."""
+
+    def __init__(self, event: Callable[[], Any] | None = None) -> None:
+        self.cuda = False
+        self._event = event or (
+            lambda: torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        )
+        self._ready: Any = None
+        self._pending: list[tuple[Any, Any]] = []
+        self._done_s = 0.0
+
+    def start_backward(self) -> None:
+        self._ready = None
+
+    def grad_ready(self) -> None:
+        if self.cuda:
+            event = self._event()
+            event.record()
+            self._ready = event
+        else:
+            self._ready = time.perf_counter()
+
+    def end_backward(self) -> None:
+        if self._ready is None:
+            return
+        if self.cuda:
+            end = self._event()
+            end.record()
+            self._pending.append((self._ready, end))
+        else:
+            self._done_s += max(0.0, time.perf_counter() - self._ready)
+        self._ready = None
+
+    def take(self) -> float:
+        """Seconds measured since the last call. CUDA pairs are counted once their end event
+        has completed (``query()``), which can be a step later; none is waited for."""
+        still: list[tuple[Any, Any]] = []
+        for start, end in self._pending:
+            if end.query():
+                self._done_s += max(0.0, start.elapsed_time(end) / 1000.0)
+            else:
+                still.append((start, end))
+        self._pending = still
+        out, self._done_s = self._done_s, 0.0
+        return out
+
+
 class Session:
     def __init__(
         self,
@@ -71,9 +120,8 @@ class Session:
         self._faults = Injector(topology.rank, topology.restart_count)
         self._last_end = time.perf_counter()
         self._data_s = 0.0
-        self._comm_s = 0.0
+        self._comm = CommTimer()
         self._stall_s = 0.0
-        self._grad_ready = 0.0
         self._hook: Any = None
 
     @classmethod
@@ -132,24 +180,30 @@ class Session:
 
     def watch_comm(self, model: torch.nn.Module) -> None:
         """Exposed comm = end of backward - when the first layer's gradient was ready: with
-        DDP the remaining backward time is spent waiting for the last all-reduce buckets."""
+        DDP the remaining backward time is spent waiting for the last all-reduce buckets.
+
+        On CUDA both ends are CUDA events on the compute stream, not CPU timestamps: NCCL
+        calls are asynchronous, so ``backward()`` returns once kernels are queued and CPU
+        clocks measure enqueue time. DDP makes the compute stream wait for its all-reduces
+        before backward completes (``Reducer::finalize_backward``), so the end event
+        completes after them. Events are read at a later step end, once done (no sync)."""
         first = next((p for p in model.parameters() if p.requires_grad), None)
         if first is None:
             return
+        self._comm.cuda = first.is_cuda
 
         def mark(_: torch.Tensor) -> None:
-            self._grad_ready = time.perf_counter()
+            self._comm.grad_ready()
 
         self._hook = first.register_post_accumulate_grad_hook(mark)  # type: ignore[no-untyped-call]
 
     @contextmanager
     def timed_backward(self) -> Iterator[None]:
-        self._grad_ready = 0.0
+        self._comm.start_backward()
         try:
             yield
         finally:
-            if self._grad_ready > 0:
-                self._comm_s += max(0.0, time.perf_counter() - self._grad_ready)
+            self._comm.end_backward()
 
     def before_optimizer_step(self) -> None:
         """Optional: ``optimizer.step()`` itself waits for an in-flight save's staging (a
@@ -173,10 +227,10 @@ class Session:
             step,
             step_time_s=now - self._last_end,
             data_time_s=self._data_s,
-            comm_time_s=self._comm_s,
+            comm_time_s=self._comm.take(),
             samples=samples,
         )
-        self._last_end, self._data_s, self._comm_s, self._stall_s = now, 0.0, 0.0, 0.0
+        self._last_end, self._data_s, self._stall_s = now, 0.0, 0.0
         if self.preemption.agreed():
             self.progress.set_state("checkpointing")
             self.checkpoints.save(step, state, blocking=True)
