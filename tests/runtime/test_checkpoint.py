@@ -23,6 +23,7 @@ if HAVE_TORCH:
         TrainState,
         committed_steps,
         select_checkpoint,
+        staging_memory_issue,
         step_dir_name,
         verify,
     )
@@ -386,3 +387,31 @@ def test_retention_deletes_quarantined_checkpoints_older_than_the_kept(tmp_path:
         mgr.save(step, state, blocking=True)
     names = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
     assert names == [step_dir_name(4), step_dir_name(5), step_dir_name(9) + ".corrupt1"]
+
+
+def _cgroup(tmp_path: Path, limit: str, anon: int) -> Path:
+    (tmp_path / "memory.max").write_text(limit + "\n")
+    (tmp_path / "memory.stat").write_text(f"anon {anon}\nfile 999999999999\n")
+    return tmp_path
+
+
+def test_staging_memory_is_checked_against_the_pod(tmp_path: Path) -> None:
+    gib = 1 << 30
+    # 2 ranks x 3 GiB on top of 4 GiB in use: fits in 16 GiB, not in 8 (page cache ignored).
+    assert staging_memory_issue(3 * gib, 2, _cgroup(tmp_path, str(16 * gib), 4 * gib)) is None
+    issue = staging_memory_issue(3 * gib, 2, _cgroup(tmp_path, str(8 * gib), 4 * gib))
+    assert issue is not None
+    assert "needs 6.0 GiB" in issue
+    assert "4.0 GiB left of its 8.0 GiB limit" in issue
+    assert staging_memory_issue(3 * gib, 2, _cgroup(tmp_path, "max", 4 * gib)) is None
+    assert staging_memory_issue(3 * gib, 2, tmp_path / "absent") is None
+
+
+def test_first_save_refuses_staging_the_pod_cannot_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "cg").mkdir()
+    cgroup = _cgroup(tmp_path / "cg", "100", 0)  # 100 bytes: less than the state
+    monkeypatch.setattr("trainstack_runtime.checkpoint.CGROUP", cgroup)
+    with pytest.raises(ConfigError, match="raise the job's memory request"):
+        _manager(tmp_path / "ckpt").save(1, _state())

@@ -280,6 +280,44 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+# --- host memory for staging -----------------------------------------------------------------
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def staging_memory_issue(need: int, local_ranks: int, cgroup: Path | None = None) -> str | None:
+    """Why the pod cannot hold this save's host copies, or None. Every rank of the pod stages
+    at once, each about ``need`` bytes, on top of the anonymous memory already in use
+    (``memory.stat`` ``anon``: page cache is reclaimable and does not count). A pod that
+    cannot is OOM-killed (exit 137, retried forever); better a config error that says so."""
+    cgroup = CGROUP if cgroup is None else cgroup
+    try:
+        raw = (cgroup / "memory.max").read_text().strip()
+        stat = (cgroup / "memory.stat").read_text()
+    except OSError:
+        return None  # no cgroup v2 view (not in a container): nothing to check against
+    if raw == "max":
+        return None
+    anon = next((int(line.split()[1]) for line in stat.splitlines() if line.startswith("anon ")), 0)
+    limit, total = int(raw), need * local_ranks
+    if anon + total <= limit:
+        return None
+    gib = 1 << 30
+    return (
+        f"checkpoint staging needs {total / gib:.1f} GiB of host memory ({local_ranks} ranks x "
+        f"{need / gib:.1f} GiB), the pod has {(limit - anon) / gib:.1f} GiB left of its "
+        f"{limit / gib:.1f} GiB limit: raise the job's memory request and limit"
+    )
+
+
+def _nbytes(tree: Any) -> int:
+    total = 0
+    for value in _flat_keys(tree).values():
+        local = value.to_local() if isinstance(value, DTensor) else value
+        if isinstance(local, torch.Tensor):
+            total += local.numel() * local.element_size()
+    return total
+
+
 # --- the manager ----------------------------------------------------------------------------
 @dataclass
 class _Job:
@@ -524,6 +562,10 @@ class CheckpointManager:
         for key in list(part["model"]):
             if prefix + key in buffers:
                 part["model"][key] = part["model"][key].detach().clone()
+        if self._saves == 0:  # the stager keeps its copies: the first save sizes them
+            issue = staging_memory_issue(_nbytes(tree), _local_ranks())
+            if issue is not None:
+                raise ConfigError(issue)
         job = _Job(
             step=step,
             staging=self._stager.stage(tree),
@@ -696,6 +738,11 @@ class CheckpointManager:
 
 def json_bytes(obj: Any, indent: int | None = None) -> bytes:
     return json.dumps(obj, indent=indent, sort_keys=True).encode()
+
+
+def _local_ranks() -> int:
+    raw = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
 
 
 def _rmdir_if_empty(path: Path) -> None:
