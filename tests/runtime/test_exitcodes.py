@@ -82,7 +82,23 @@ class OutOfMemoryError(RuntimeError):
         (OSError(errno.EIO, "Input/output error"), ExitCode.STORAGE),
         (OSError(errno.ESTALE, "Stale file handle"), ExitCode.STORAGE),
         (StorageError("upload failed"), ExitCode.STORAGE),
-        (FileNotFoundError(errno.ENOENT, "no such file"), ExitCode.USER_ERROR),
+        # Issue 22 #6: missing files, permissions and timeouts of a rendezvous or store were
+        # user errors (AbortJob); on a job's volumes they are usually the mount.
+        (FileNotFoundError(errno.ENOENT, "no such file"), ExitCode.STORAGE),
+        (PermissionError(errno.EACCES, "Permission denied"), ExitCode.STORAGE),
+        (PermissionError(errno.EPERM, "Operation not permitted"), ExitCode.STORAGE),
+        (TimeoutError("timed out"), ExitCode.COMM_ERROR),
+        (
+            RuntimeError(
+                "Timed out initializing process group in store based barrier on rank 1, "
+                "for key: store_based_barrier_key:1 (world_size=2, num_workers_joined=1)"
+            ),
+            ExitCode.COMM_ERROR,
+        ),
+        (
+            RuntimeError("RendezvousTimeoutError: The node did not join the rendezvous"),
+            ExitCode.COMM_ERROR,
+        ),
         (DistBackendError("NCCL error: unhandled system error"), ExitCode.COMM_ERROR),
         (DistBackendError("Connection reset by peer"), ExitCode.PEER_LOST),
         (DistStoreError("Socket Timeout"), ExitCode.PEER_LOST),
@@ -95,7 +111,10 @@ class OutOfMemoryError(RuntimeError):
             RuntimeError("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL"),
             ExitCode.COMM_ERROR,
         ),
-        (RuntimeError("CUDA error: an illegal memory access was encountered"), ExitCode.HARDWARE),
+        # Usually a kernel bug: a crash, hardware only with the node's evidence (evidence.py).
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), ExitCode.CRASH),
+        (RuntimeError("CUDA error: unspecified launch failure"), ExitCode.CRASH),
+        (DistBackendError("NCCL error: an illegal memory access"), ExitCode.CRASH),
         (RuntimeError("CUDA error: uncorrectable ECC error encountered"), ExitCode.HARDWARE),
         (Preempted(12), ExitCode.PREEMPTED),
     ],
@@ -122,11 +141,15 @@ def test_classify_exception_follows_cause() -> None:
         (203, "", ExitCode.PREEMPTED),
         (-signal.SIGKILL, "", ExitCode.KILLED),
         (-signal.SIGABRT, "", ExitCode.COMM_ERROR),
-        (-signal.SIGSEGV, "", ExitCode.HARDWARE),
-        (-signal.SIGBUS, "", ExitCode.HARDWARE),
+        (-signal.SIGSEGV, "", ExitCode.CRASH),
+        (-signal.SIGBUS, "", ExitCode.CRASH),
+        (-signal.SIGILL, "", ExitCode.CRASH),
         (-signal.SIGTERM, "", ExitCode.PREEMPTED),
         (143, "", ExitCode.PREEMPTED),
-        (139, "", ExitCode.HARDWARE),
+        (139, "", ExitCode.CRASH),
+        (135, "", ExitCode.CRASH),
+        (134, "", ExitCode.COMM_ERROR),
+        (205, "", ExitCode.CRASH),
         (42, "", ExitCode.USER_ERROR),
     ],
 )
@@ -144,6 +167,10 @@ def test_classify_exit(exitcode: int, message: str, expected: ExitCode) -> None:
         ([ExitCode.COMM_ERROR, ExitCode.HARDWARE], ExitCode.HARDWARE),
         ([ExitCode.PREEMPTED, ExitCode.COMM_ERROR], ExitCode.COMM_ERROR),
         ([ExitCode.USER_ERROR, ExitCode.CONFIG_ERROR], ExitCode.CONFIG_ERROR),
+        ([ExitCode.PEER_LOST, ExitCode.CRASH], ExitCode.CRASH),
+        ([ExitCode.KILLED, ExitCode.CRASH, ExitCode.COMM_ERROR], ExitCode.CRASH),
+        ([ExitCode.CRASH, ExitCode.HARDWARE], ExitCode.HARDWARE),
+        ([ExitCode.CRASH, ExitCode.USER_ERROR], ExitCode.USER_ERROR),
     ],
 )
 def test_verdict(codes: list[ExitCode], expected: ExitCode) -> None:

@@ -23,11 +23,13 @@ class ExitCode(IntEnum):
     DEVICE_OOM = 3  # accelerator out of memory: a retry with the same config fails again
     KILLED = 137  # SIGKILL: host OOM-killer or an external kill
     COMM_ERROR = 200  # collective timeout, NCCL/gloo error, watchdog abort (SIGABRT)
-    HARDWARE = 201  # ECC/Xid/illegal memory access, SIGBUS/SIGSEGV: retry elsewhere
+    HARDWARE = 201  # the node's DCGM evidence (Xid, ECC), a CUDA ECC error: retry elsewhere
     STORAGE = 202  # EIO/ESTALE/ETIMEDOUT on the checkpoint or data path
     PREEMPTED = 203  # SIGTERM: emergency checkpoint taken, resume on restart
     PEER_LOST = 204  # a peer process or node vanished (connection closed/reset, store gone)
     DEADLINE_EXCEEDED = 4  # the job's maximum duration passed: checkpointed, do not retry
+    CRASH = 205  # SIGSEGV/SIGBUS, illegal memory access, launch failure: retried, a few times
+    CRASH_LOOP = 5  # crashed again without a new checkpoint, beyond the limit: do not retry
 
 
 RETRYABLE: Final[frozenset[ExitCode]] = frozenset(
@@ -38,10 +40,17 @@ RETRYABLE: Final[frozenset[ExitCode]] = frozenset(
         ExitCode.STORAGE,
         ExitCode.PREEMPTED,
         ExitCode.PEER_LOST,
+        ExitCode.CRASH,
     }
 )
 FATAL: Final[frozenset[ExitCode]] = frozenset(
-    {ExitCode.USER_ERROR, ExitCode.CONFIG_ERROR, ExitCode.DEVICE_OOM, ExitCode.DEADLINE_EXCEEDED}
+    {
+        ExitCode.USER_ERROR,
+        ExitCode.CONFIG_ERROR,
+        ExitCode.DEVICE_OOM,
+        ExitCode.DEADLINE_EXCEEDED,
+        ExitCode.CRASH_LOOP,
+    }
 )
 
 # Human-readable class names, used in the termination message and in docs.
@@ -57,6 +66,8 @@ EXIT_CLASS: Final[dict[ExitCode, str]] = {
     ExitCode.PREEMPTED: "preempted",
     ExitCode.PEER_LOST: "peer_lost",
     ExitCode.DEADLINE_EXCEEDED: "deadline_exceeded",
+    ExitCode.CRASH: "crash",
+    ExitCode.CRASH_LOOP: "crash_loop",
 }
 
 # Codes after which the node itself is suspect (the job layer may cordon it).
@@ -84,6 +95,11 @@ HEALTH_STARTUP_S_DEFAULT: Final = 1800.0
 SHUTDOWN_TIMEOUT_S_DEFAULT: Final = 90
 COMM_TIMEOUT_S_DEFAULT: Final = 600.0
 KEEP_LAST_DEFAULT: Final = 3
+MAX_CRASHES_DEFAULT: Final = 2  # crash exits retried without a new checkpoint in between
+# Xids after which a GPU needs draining (NVIDIA's Xid catalogue): double-bit ECC (48), row
+# remap event/failure (63, 64), NVLink (74), fallen off the bus (79), contained/uncontained
+# ECC (94, 95), GSP (119, 120). The platform's alerts use the same list.
+CRITICAL_XIDS: Final = (48, 63, 64, 74, 79, 94, 95, 119, 120)
 
 # --- environment variables the runtime reads ---------------------------------------------
 ENV_CHECKPOINT_DIR: Final = "TRAINSTACK_CHECKPOINT_DIR"  # durable location (mounted volume)
@@ -107,6 +123,9 @@ ENV_VOLCANO_WORKER_TASK: Final = "TRAINSTACK_VOLCANO_WORKER_TASK"
 ENV_MAX_DURATION_S: Final = "TRAINSTACK_MAX_DURATION_S"  # job deadline, across restarts
 ENV_JOB_INSTANCE: Final = "TRAINSTACK_JOB_INSTANCE"  # this job, not its name: keys the deadline
 ENV_FAULT: Final = "TRAINSTACK_FAULT"  # chaos testing only, see faults.py
+# The node's GPU health, Prometheus text (dcgm-exporter's /metrics): an http(s) URL or a file.
+ENV_GPU_EVIDENCE: Final = "TRAINSTACK_GPU_EVIDENCE"
+ENV_MAX_CRASHES: Final = "TRAINSTACK_MAX_CRASHES"  # crash retries without a new checkpoint
 
 # --- Prometheus metrics served on /metrics (all gauges/counters carry a `rank` label) ----
 METRIC_PREFIX: Final = "trainstack_"

@@ -15,6 +15,9 @@ from trainstack.contracts import runtime as contract
 # A container killed by a signal the runtime did not turn into a code of its own exits
 # 128 + the signal (the runtime itself crashing, or a command that is not a Python entry
 # point): retryable like every code >= 128 (docs/runtime.md). SIGKILL is the contract's 137.
+# Volcano cannot count retries per code, so the runtime bounds crashes itself: `crash` (205)
+# restarts, and after TRAINSTACK_MAX_CRASHES of them without a new checkpoint the runtime
+# exits `crash_loop` (5, fatal) instead (docs/runtime.md, "Failure classes and node evidence").
 SIGNAL_EXITS: dict[int, str] = {134: "SIGABRT", 135: "SIGBUS", 139: "SIGSEGV", 143: "SIGTERM"}
 EXIT_ACTIONS: dict[int, str] = {
     **{int(code): "RestartJob" for code in contract.RETRYABLE},

@@ -25,11 +25,16 @@ from pathlib import Path
 START_MARKER = ".trainstack-job-start"
 
 
-def start_marker(instance: str | None) -> str:
-    """The marker's file name for this job instance (the bare name if none is known)."""
+def instance_marker(base: str, instance: str | None) -> str:
+    """A marker's file name for this job instance (the bare name if none is known)."""
     if not instance:
-        return START_MARKER
-    return f"{START_MARKER}.{re.sub(r'[^A-Za-z0-9._-]', '_', instance)}"
+        return base
+    return f"{base}.{re.sub(r'[^A-Za-z0-9._-]', '_', instance)}"
+
+
+def start_marker(instance: str | None) -> str:
+    """The start marker's file name for this job instance."""
+    return instance_marker(START_MARKER, instance)
 
 
 def job_start(

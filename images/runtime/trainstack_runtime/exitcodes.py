@@ -36,8 +36,16 @@ class Preempted(Exception):
 
 
 _STORAGE_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.ENOSPC, errno.EROFS})
+# A missing file or a refused permission on a job's volumes is usually the mount (not ready on
+# a new node, a stale client, a uid that does not own a Lustre sub-path), which a new pod may
+# not share; a real typo fails again and spends the job's maxRetry. Issue 22 #6: these were
+# user errors (AbortJob).
+_MOUNT_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOTCONN})
 
-# Order matters: the first matching class wins.
+# Order matters: the first matching class wins. Hardware is what the CUDA runtime says of its
+# own device (cudaErrorECCUncorrectable, a GPU lost or off the bus); what only suggests it
+# (illegal memory access, launch failure: most often a kernel bug) is a crash, and the node's
+# DCGM evidence (evidence.py) decides hardware in the supervisor.
 _TEXT_RULES: tuple[tuple[ExitCode, re.Pattern[str]], ...] = (
     (
         ExitCode.DEVICE_OOM,
@@ -46,8 +54,14 @@ _TEXT_RULES: tuple[tuple[ExitCode, re.Pattern[str]], ...] = (
     (
         ExitCode.HARDWARE,
         re.compile(
-            r"uncorrectable ECC|ECC error|\bXid\b|illegal memory access|GPU is lost|"
-            r"fallen off the bus|NVLink error|unspecified launch failure",
+            r"uncorrectable ECC|ECC error|GPU is lost|fallen off the bus|NVLink error", re.I
+        ),
+    ),
+    (
+        ExitCode.CRASH,
+        re.compile(
+            r"illegal memory access|unspecified launch failure|misaligned address|"
+            r"illegal instruction|Segmentation fault|Bus error",
             re.I,
         ),
     ),
@@ -66,7 +80,9 @@ _TEXT_RULES: tuple[tuple[ExitCode, re.Pattern[str]], ...] = (
             r"DistBackendError|DistNetworkError|NCCL|Watchdog caught collective|"
             r"\bgloo\b.*Timed out|Timed out waiting|collective operation timeout|"
             r"Application timeout caused pair closure|operation timed out|"
-            r"RendezvousTimeoutError|RendezvousError|ProcessGroup.*(timeout|error)",
+            r"Timed out initializing process group|store_based_barrier|Socket Timeout|"
+            r"wait timeout|RendezvousTimeoutError|RendezvousError|TimeoutError|"
+            r"ProcessGroup.*(timeout|error)",
             re.I,
         ),
     ),
@@ -80,11 +96,16 @@ _TEXT_RULES: tuple[tuple[ExitCode, re.Pattern[str]], ...] = (
     ),
 )
 
+# SIGSEGV and SIGBUS are mostly software (a native extension, a kernel bug) or a full
+# /dev/shm (SIGBUS on a shared-memory page), not the node: a retry-limited crash. SIGABRT is
+# the NCCL watchdog's teardown; an ECC error behind it shows in the node's evidence.
 _SIGNAL_CODES: dict[int, ExitCode] = {
     signal.SIGKILL: ExitCode.KILLED,
     signal.SIGABRT: ExitCode.COMM_ERROR,  # NCCL watchdog teardown
-    signal.SIGBUS: ExitCode.HARDWARE,
-    signal.SIGSEGV: ExitCode.HARDWARE,
+    signal.SIGBUS: ExitCode.CRASH,
+    signal.SIGSEGV: ExitCode.CRASH,
+    signal.SIGILL: ExitCode.CRASH,
+    signal.SIGFPE: ExitCode.CRASH,
     signal.SIGTERM: ExitCode.PREEMPTED,
 }
 
@@ -113,15 +134,19 @@ def classify_exception(exc: BaseException) -> ExitCode:  # noqa: PLR0911 - a rul
     if isinstance(exc, MemoryError):
         # Host allocation failed without the OOM-killer: usually transient pressure.
         return ExitCode.KILLED
-    if isinstance(exc, StorageError) or (isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS):
+    if isinstance(exc, StorageError) or (
+        isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS | _MOUNT_ERRNOS
+    ):
         return ExitCode.STORAGE
+    if isinstance(exc, TimeoutError):  # a rendezvous or store that did not answer in time
+        return ExitCode.COMM_ERROR
     text = f"{type(exc).__name__}: {exc}"
     if names & {"DistStoreError"}:
         return ExitCode.PEER_LOST
     if names & {"DistBackendError", "DistNetworkError", "DistError"}:
         # A distributed error carrying peer-loss text is a peer loss, else a comm error.
         by_text = classify_text(text, default=ExitCode.COMM_ERROR)
-        if by_text in (ExitCode.PEER_LOST, ExitCode.HARDWARE):
+        if by_text in (ExitCode.PEER_LOST, ExitCode.HARDWARE, ExitCode.CRASH):
             return by_text
         return ExitCode.COMM_ERROR
     by_text = classify_text(text)
@@ -159,8 +184,10 @@ def classify_exit(exitcode: int, message: str = "") -> ExitCode:
 _PRIORITY: tuple[ExitCode, ...] = (
     ExitCode.CONFIG_ERROR,
     ExitCode.DEVICE_OOM,
+    ExitCode.CRASH_LOOP,
     ExitCode.USER_ERROR,
     ExitCode.HARDWARE,
+    ExitCode.CRASH,
     ExitCode.STORAGE,
     ExitCode.KILLED,
     ExitCode.COMM_ERROR,

@@ -7,7 +7,8 @@ Kinds fired at the end of step STEP: ``raise`` (ValueError), ``oom`` (torch.OutO
 ``sigkill``, ``hang``, ``eio`` (OSError EIO), ``ecc`` (an uncorrectable-ECC CUDA error),
 ``kill-node`` (SIGKILL the launcher, then this process: a node vanishing), ``wedge`` (stuck
 like ``hang`` but keeping the runtime's SIGTERM handler, so only SIGKILL ends it: a rank
-wedged in native code never runs the Python handler's graceful stop).
+wedged in native code never runs the Python handler's graceful stop), ``segv`` (SIGSEGV:
+a native crash), ``abort`` (SIGABRT, as the NCCL watchdog tears a process down).
 Fired inside the checkpoint writer of step STEP: ``kill-in-ckpt`` (SIGKILL halfway through
 writing this rank's data file).
 """
@@ -25,7 +26,9 @@ import torch
 from .contract import ENV_FAULT
 from .exitcodes import ConfigError
 
-STEP_KINDS = frozenset({"raise", "oom", "sigkill", "hang", "eio", "ecc", "kill-node", "wedge"})
+STEP_KINDS = frozenset(
+    {"raise", "oom", "sigkill", "hang", "eio", "ecc", "kill-node", "wedge", "segv", "abort"}
+)
 CKPT_KINDS = frozenset({"kill-in-ckpt"})
 
 
@@ -86,6 +89,8 @@ class Injector:
             os.kill(os.getpid(), signal.SIGKILL)
         if kind == "wedge":
             self.wedge()
+        if kind in ("segv", "abort"):
+            self.crash(signal.SIGSEGV if kind == "segv" else signal.SIGABRT)
         if kind == "hang":
             # Stuck outside any collective, so peers hit the comm timeout. Like a process
             # wedged in native code it ignores the graceful path: SIGTERM kills it outright.
@@ -102,3 +107,10 @@ class Injector:
         watcher's only sets a flag), as a rank stuck in a kernel or a collective does."""
         while True:
             time.sleep(1.0)
+
+    @staticmethod
+    def crash(sig: int) -> None:
+        """Die of ``sig`` with its default action, as a native crash or abort does."""
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        time.sleep(10.0)  # the signal is delivered at once; never reached

@@ -29,23 +29,27 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from . import evidence
 from .contract import (
     CHECKPOINT_DIR_DEFAULT,
     ENV_CHECKPOINT_DIR,
     ENV_JOB_INSTANCE,
+    ENV_MAX_CRASHES,
     ENV_MAX_DURATION_S,
     ENV_MAX_RESTARTS,
     ENV_RUN_DIR,
     ENV_SHUTDOWN_TIMEOUT_S,
     ENV_TERMINATION_LOG,
+    MAX_CRASHES_DEFAULT,
     RUN_DIR_DEFAULT,
     SHUTDOWN_TIMEOUT_S_DEFAULT,
     TERMINATION_LOG_DEFAULT,
     ExitCode,
 )
+from .crashes import record_crash
 from .deadline import DeadlineWatch, job_start
 from .exitcodes import ConfigError, Outcome, classify_failures, classify_text
-from .health import HealthPolicy, configured_port, progress_dir, serve
+from .health import HealthPolicy, configured_port, progress_dir, read_records, serve
 from .preflight import memlock_issue
 from .topology import NodePlan, TopologyError, node_plan, restartable
 
@@ -83,6 +87,44 @@ def supervise_until(
     if watch.fired.is_set() and outcome.code in (ExitCode.PREEMPTED, ExitCode.OK):
         # The SIGTERM was ours: the workers checkpointed; the job must not retry.
         return Outcome(ExitCode.DEADLINE_EXCEEDED, cause="maximum duration reached")
+    return outcome
+
+
+# Classes the node's hardware evidence overrides: what a failing GPU can look like from the
+# process (a crash, the watchdog's SIGABRT, a lost peer, an unexplained exception).
+EVIDENCE_OVERRIDES = frozenset(
+    {
+        ExitCode.CRASH,
+        ExitCode.COMM_ERROR,
+        ExitCode.PEER_LOST,
+        ExitCode.KILLED,
+        ExitCode.USER_ERROR,
+    }
+)
+
+
+def judge(outcome: Outcome, before: evidence.GpuHealth | None, run_dir: Path) -> Outcome:
+    """The workers' verdict, revised by the node's GPU evidence and the crash budget."""
+    if outcome.code in EVIDENCE_OVERRIDES:
+        reason = evidence.hardware_evidence(before, evidence.read())
+        if reason:
+            cause = f"node evidence: {reason}; workers: {outcome.cause}"
+            return Outcome(ExitCode.HARDWARE, outcome.ranks, cause)
+    if outcome.code is ExitCode.CRASH:
+        limit = _env_int(ENV_MAX_CRASHES, MAX_CRASHES_DEFAULT)
+        steps = [r.get("last_ckpt_step") for r in read_records(progress_dir(run_dir))]
+        committed = max((s for s in steps if isinstance(s, int) and s > 0), default=None)
+        try:
+            count = record_crash(checkpoint_root(), os.environ.get(ENV_JOB_INSTANCE), committed)
+        except OSError as err:
+            log.warning("crash not counted: %s", err)
+            return outcome
+        if count > limit:
+            cause = (
+                f"crashed {count} times without a new checkpoint ({ENV_MAX_CRASHES}={limit}): "
+                f"{outcome.cause}"
+            )
+            return Outcome(ExitCode.CRASH_LOOP, outcome.ranks, cause)
     return outcome
 
 
@@ -262,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         if issue := memlock_issue(os.environ):
             raise ConfigError(issue)
         run_dir = prepare_pod(plan, max_restarts)
+        _env_int(ENV_MAX_CRASHES, MAX_CRASHES_DEFAULT)  # a bad value stops the pod now
+        gpu_health = evidence.read()
     except (ConfigError, TopologyError) as err:
         return refuse(Outcome(ExitCode.CONFIG_ERROR, cause=str(err)))
     except OSError as err:
@@ -279,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         plan.rdzv_backend,
         plan.rdzv_endpoint,
     )
-    outcome = supervise_until(watch, config, [args.script, *script_args], run_dir)
+    outcome = judge(
+        supervise_until(watch, config, [args.script, *script_args], run_dir), gpu_health, run_dir
+    )
     message = outcome.termination_message()
     write_termination_log(message)
     print(f"trainstack verdict: {message}", file=sys.stderr, flush=True)
