@@ -53,14 +53,14 @@ def baselines(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Baselin
     resumed run with the same args must match exactly. Computed once per args."""
     if not HAVE_TORCH:
         pytest.skip("torch is not installed")
-    cache: dict[tuple[str, ...], Baseline] = {}
+    cache: dict[tuple[tuple[str, ...], int], Baseline] = {}
 
-    def get(args: tuple[str, ...] = ()) -> Baseline:
-        if args in cache:
-            return cache[args]
+    def get(args: tuple[str, ...] = (), nproc: int = 2) -> Baseline:
+        if (args, nproc) in cache:
+            return cache[args, nproc]
         workdir = tmp_path_factory.mktemp("baseline")
         proc = subprocess.run(
-            supervisor_cmd(workdir, args=args),
+            supervisor_cmd(workdir, nproc=nproc, args=args),
             env=job_env(workdir),
             capture_output=True,
             text=True,
@@ -69,10 +69,10 @@ def baselines(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Baselin
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         losses = JobResult(0, workdir, "").losses()
-        assert set(losses) == {0, 1}
+        assert set(losses) == set(range(nproc))
         for per_step in losses.values():
             assert sorted(per_step) == list(range(1, STEPS + 1))
-        cache[args] = losses
+        cache[args, nproc] = losses
         return losses
 
     return get
