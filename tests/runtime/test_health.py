@@ -7,6 +7,7 @@ import math
 import re
 import shutil
 import subprocess
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -23,6 +24,7 @@ from trainstack_runtime.health import (
     render_metrics,
     serve,
 )
+from trainstack_runtime.session import Session
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
@@ -190,3 +192,49 @@ def test_http_server_and_probe(tmp_path: Path) -> None:
         server.shutdown()
         server.server_close()
     assert probe(port) == 1  # nothing listening
+
+
+def test_a_declared_phase_stays_healthy_while_it_heartbeats_not_forever(tmp_path: Path) -> None:
+    """A long evaluation used to fail /healthz after TRAINSTACK_HEALTH_STALE_S: the liveness
+    probe killed the container and the kill surfaced as a clean preemption, every time."""
+    policy = HealthPolicy(stale_s=60, startup_s=600, phase_s=3600)
+    rep = ProgressReporter(0, directory=tmp_path)
+    rep.step(10, step_time_s=0.5)
+    rep.flush()
+    (rec,) = read_records(tmp_path)
+    t0 = float(rec["last_step_time"])
+    assert healthz([rec], policy, since=t0, now=t0 + 120)[0] == 503  # no phase: stale
+    rep.enter_phase("evaluating")
+    (rec,) = read_records(tmp_path)
+    start = float(rec["phase_started_time"])
+    rec["last_alive_time"] = start + 1800  # heartbeats kept coming for 30 min
+    status, body = healthz([rec], policy, since=t0, now=start + 1830)
+    assert (status, body["ok"]) == (200, True)
+    assert healthz([rec], policy, since=t0, now=start + 1900)[0] == 503  # heartbeat stopped
+    rec["last_alive_time"] = start + 3650
+    status, body = healthz([rec], policy, since=t0, now=start + 3660)  # past the phase limit
+    assert status == 503
+    assert "in phase 'evaluating'" in body["reason"]
+    rep.leave_phase()
+    (rec,) = read_records(tmp_path)
+    assert rec["phase"] == ""
+    assert healthz([rec], policy, since=t0, now=float(rec["last_alive_time"]) + 30)[0] == 200
+
+
+def test_session_phase_heartbeats_from_a_thread(tmp_path: Path) -> None:
+    session = Session.__new__(Session)
+    session.progress = ProgressReporter(0, directory=tmp_path, min_interval_s=0.0)
+    beats = threading.Event()
+    original = session.progress.heartbeat
+
+    def beat() -> None:
+        original()
+        beats.set()
+
+    session.progress.heartbeat = beat  # type: ignore[method-assign]
+    with session.phase("evaluating", heartbeat_s=0.01):
+        assert beats.wait(10)  # the main thread is busy elsewhere; the thread keeps beating
+        (rec,) = read_records(tmp_path)
+        assert rec["phase"] == "evaluating"
+    (rec,) = read_records(tmp_path)
+    assert rec["phase"] == ""

@@ -92,6 +92,9 @@ TERMINATION_LOG_DEFAULT: Final = "/dev/termination-log"
 RUN_DIR_DEFAULT: Final = "/tmp/trainstack"  # progress and per-rank exit files (pod-local)
 HEALTH_STALE_S_DEFAULT: Final = 600.0
 HEALTH_STARTUP_S_DEFAULT: Final = 1800.0
+# A declared long phase (Session.phase: evaluation, export) is alive while it heartbeats, up to
+# this long; past it the pod is unhealthy, so a hang inside the phase is still caught.
+HEALTH_PHASE_S_DEFAULT: Final = 14400.0
 SHUTDOWN_TIMEOUT_S_DEFAULT: Final = 90
 COMM_TIMEOUT_S_DEFAULT: Final = 600.0
 KEEP_LAST_DEFAULT: Final = 3
@@ -112,6 +115,7 @@ ENV_COMMIT_TIMEOUT_S: Final = "TRAINSTACK_CHECKPOINT_COMMIT_TIMEOUT_S"
 ENV_HEALTH_PORT: Final = "TRAINSTACK_HEALTH_PORT"  # 0 picks a free port; -1 disables
 ENV_HEALTH_STALE_S: Final = "TRAINSTACK_HEALTH_STALE_S"
 ENV_HEALTH_STARTUP_S: Final = "TRAINSTACK_HEALTH_STARTUP_S"
+ENV_HEALTH_PHASE_S: Final = "TRAINSTACK_HEALTH_PHASE_S"
 ENV_RUN_DIR: Final = "TRAINSTACK_RUN_DIR"
 ENV_TERMINATION_LOG: Final = "TRAINSTACK_TERMINATION_LOG"
 ENV_COMM_TIMEOUT_S: Final = "TRAINSTACK_COMM_TIMEOUT_S"

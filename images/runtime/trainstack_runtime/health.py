@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from .contract import (
+    ENV_HEALTH_PHASE_S,
     ENV_HEALTH_PORT,
     ENV_HEALTH_STALE_S,
     ENV_HEALTH_STARTUP_S,
     ENV_RUN_DIR,
     HEALTH_PATH,
+    HEALTH_PHASE_S_DEFAULT,
     HEALTH_PORT_DEFAULT,
     HEALTH_STALE_S_DEFAULT,
     HEALTH_STARTUP_S_DEFAULT,
@@ -87,6 +89,9 @@ class ProgressReporter:
             "comm_seconds_total": 0.0,
             "ckpt_stall_seconds_total": 0.0,
             "checkpoints_total": 0,
+            "phase": "",
+            "phase_started_time": 0.0,
+            "last_alive_time": 0.0,
         }
         self._lock = threading.Lock()
         self._last_write = 0.0
@@ -130,6 +135,23 @@ class ProgressReporter:
             self.record["checkpoints_total"] += 1
         self.flush()
 
+    def enter_phase(self, name: str) -> None:
+        now = time.time()
+        with self._lock:
+            self.record.update(phase=name, phase_started_time=now, last_alive_time=now)
+        self.flush()
+
+    def heartbeat(self) -> None:
+        with self._lock:
+            self.record["last_alive_time"] = time.time()
+        self.flush()
+
+    def leave_phase(self) -> None:
+        now = time.time()
+        with self._lock:  # the phase's end counts as progress: the next step may be far
+            self.record.update(phase="", phase_started_time=0.0, last_alive_time=now)
+        self.flush()
+
     def set_state(self, state: str) -> None:
         if state not in STATES:
             raise ValueError(state)
@@ -160,12 +182,14 @@ def read_records(directory: Path) -> list[dict[str, Any]]:
 class HealthPolicy:
     stale_s: float = HEALTH_STALE_S_DEFAULT
     startup_s: float = HEALTH_STARTUP_S_DEFAULT
+    phase_s: float = HEALTH_PHASE_S_DEFAULT
 
     @classmethod
     def from_env(cls) -> HealthPolicy:
         return cls(
             float(os.environ.get(ENV_HEALTH_STALE_S) or HEALTH_STALE_S_DEFAULT),
             float(os.environ.get(ENV_HEALTH_STARTUP_S) or HEALTH_STARTUP_S_DEFAULT),
+            float(os.environ.get(ENV_HEALTH_PHASE_S) or HEALTH_PHASE_S_DEFAULT),
         )
 
 
@@ -182,10 +206,21 @@ def healthz(
     for r in records:
         if r["state"] in ("done", "exiting"):
             continue
-        if r["state"] == "starting" or r["last_step_time"] <= 0:
+        if r.get("phase"):  # a declared long phase: alive while it heartbeats, not forever
+            in_phase = now - r["phase_started_time"]
+            if in_phase >= policy.phase_s:
+                ok = False
+                reason = (
+                    f"rank {r['rank']} has been in phase {r['phase']!r} for {in_phase:.0f}s "
+                    f"(limit {policy.phase_s:.0f}s)"
+                )
+            age, limit = now - r["last_alive_time"], policy.stale_s
+        elif r["state"] == "starting" or r["last_step_time"] <= 0:
             age, limit = now - r["started_time"], policy.startup_s
         else:
-            last = max(r["last_step_time"], r.get("last_ckpt_time", 0.0))
+            last = max(
+                r["last_step_time"], r.get("last_ckpt_time", 0.0), r.get("last_alive_time", 0.0)
+            )
             age, limit = now - last, policy.stale_s
         if age >= limit:
             ok = False

@@ -169,6 +169,32 @@ class Session:
         self._last_end = time.perf_counter()
         return step
 
+    # ---- long phases ----
+    @contextmanager
+    def phase(self, name: str, *, heartbeat_s: float = 30.0) -> Iterator[None]:
+        """Declare a long stretch without steps (evaluation, export, a slow first batch):
+        ``with s.phase("evaluating"): ...``. Without it, a phase longer than
+        ``TRAINSTACK_HEALTH_STALE_S`` fails ``/healthz``, the kubelet's liveness probe kills
+        the container with SIGTERM and the job restarts from its last checkpoint, every time.
+        A thread heartbeats while the phase lasts; ``TRAINSTACK_HEALTH_PHASE_S`` (default
+        4 h) still bounds it, so a hang inside the phase is caught."""
+        self.progress.enter_phase(name)
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(heartbeat_s):
+                self.progress.heartbeat()
+
+        thread = threading.Thread(target=beat, name=f"phase-{name}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            self.progress.leave_phase()
+            self._last_end = time.perf_counter()  # the phase is not part of the next step
+
     # ---- timing ----
     @contextmanager
     def timed_data(self) -> Iterator[None]:
