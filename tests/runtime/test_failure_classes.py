@@ -9,13 +9,21 @@ SIGABRT and became ``comm_error``. Now the node's DCGM evidence (evidence.py,
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 from pathlib import Path
 
 import pytest
-from trainstack_runtime.contract import CRITICAL_XIDS, FATAL, RETRYABLE, ExitCode
+from trainstack_runtime.contract import (
+    CRITICAL_XIDS,
+    ENV_GPU_EVIDENCE,
+    FATAL,
+    RETRYABLE,
+    ExitCode,
+)
 from trainstack_runtime.crashes import record_crash
-from trainstack_runtime.evidence import GpuHealth, hardware_evidence, parse, visible_gpus
+from trainstack_runtime.evidence import GpuHealth, hardware_evidence, parse, read, visible_gpus
 
 from tests.runtime.harness import HAVE_TORCH, RunJob
 
@@ -69,6 +77,36 @@ def test_evidence_is_narrowed_to_this_pods_gpus() -> None:
     assert visible_gpus({"NVIDIA_VISIBLE_DEVICES": "all"}) is None
     assert hardware_evidence(None, None) is None
     assert hardware_evidence(GpuHealth(), GpuHealth()) is None
+
+
+def test_evidence_from_a_url_or_a_file(tmp_path: Path) -> None:
+    """dcgm-exporter's /metrics over HTTP, or a node agent's file; unreachable is none."""
+    body = exporter_text(xid=79).encode()
+
+    class Exporter(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        assert hardware_evidence(None, read({ENV_GPU_EVIDENCE: url})) == f"GPU {U0}: Xid 79"
+    finally:
+        server.shutdown()
+        server.server_close()
+    node = tmp_path / "gpu-health.prom"
+    node.write_bytes(body)
+    assert hardware_evidence(None, read({ENV_GPU_EVIDENCE: str(node)})) == f"GPU {U0}: Xid 79"
+    assert read({ENV_GPU_EVIDENCE: str(tmp_path / "absent")}) is None
+    assert read({ENV_GPU_EVIDENCE: url}, timeout=1.0) is None  # the exporter is gone
+    assert read({}) is None
 
 
 def test_critical_xids_agree_with_the_platforms_alerts() -> None:

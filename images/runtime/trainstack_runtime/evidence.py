@@ -22,6 +22,7 @@ no evidence, and the classes stay what the exit said. Standard library only.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import os
 import re
@@ -90,7 +91,7 @@ def read(env: Mapping[str, str] | None = None, timeout: float = 3.0) -> GpuHealt
                 text = resp.read().decode("utf-8", "replace")
         else:
             text = Path(source).read_text()
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, http.client.HTTPException) as err:
         log.warning("GPU evidence %s not read: %s", source, err)
         return None
     return parse(text, visible_gpus(env))
