@@ -28,7 +28,7 @@ class Failure:
 
     exitcode: int
     pid: int
-    timestamp: int
+    timestamp: int | None
     message: str = ""
 
 
@@ -78,6 +78,13 @@ T0 = 1_800_000_000
             ExitCode.STORAGE,
             {1},
             id="later-own-exit-is-collateral",
+        ),
+        pytest.param(
+            {0: Failure(202, 10, T0), 1: Failure(200, 11, None)},
+            {0: (202, T0 + 30)},
+            ExitCode.STORAGE,
+            set(),
+            id="unknown-time-is-a-cause",
         ),
         pytest.param(
             {0: Failure(-signal.SIGTERM, 10, T0)},

@@ -259,7 +259,7 @@ def classify_failures(failures: dict[int, Any], run_dir: Path) -> Outcome:
     ranks: dict[int, dict[str, Any]] = {}
     codes: dict[int, ExitCode] = {}
     messages: dict[int, str] = {}
-    times: dict[int, float] = {}
+    times: dict[int, float | None] = {}
     for rank, failure in failures.items():
         exitcode = int(failure.exitcode)
         record = _read_exit_record(run_dir, rank, int(failure.pid))
@@ -274,11 +274,12 @@ def classify_failures(failures: dict[int, Any], run_dir: Path) -> Outcome:
             except ValueError:
                 entry["signal"] = str(-exitcode)
         ranks[rank] = entry
-    first = min(times.values(), default=0.0)
+    known = [t for t in times.values() if t is not None]
+    late = min(known, default=0.0) + COLLATERAL_AFTER_S
     causes = {
         r: c
         for r, c in codes.items()
-        if failures[r].exitcode != -signal.SIGTERM and times[r] <= first + COLLATERAL_AFTER_S
+        if failures[r].exitcode != -signal.SIGTERM and (times[r] or 0.0) <= late
     } or codes
     for rank in set(codes) - set(causes):
         ranks[rank]["collateral"] = True
@@ -290,10 +291,11 @@ def classify_failures(failures: dict[int, Any], run_dir: Path) -> Outcome:
     return Outcome(code, ranks, cause)
 
 
-def _exit_time(failure: Any, record: dict[str, Any] | None) -> float:
+def _exit_time(failure: Any, record: dict[str, Any] | None) -> float | None:
     """When a rank exited: its own record's time, else when the launcher saw it (torch's
-    ProcessFailure.timestamp, whole seconds, errors/__init__.py); 0 when neither is known."""
+    ProcessFailure.timestamp, whole seconds, errors/__init__.py); None when neither is known
+    (such a rank counts as a cause)."""
     if record and isinstance(record.get("time"), int | float):
         return float(record["time"])
     stamp = getattr(failure, "timestamp", None)
-    return float(stamp) if isinstance(stamp, int | float) else 0.0
+    return float(stamp) if isinstance(stamp, int | float) else None
