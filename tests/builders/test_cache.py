@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from trainstack_prewarm.cli import build_parser
 from trainstack_prewarm.csi import DRIVER_NAME
 
@@ -71,3 +74,44 @@ def test_the_agent_may_read_the_dataset_repository_and_nothing_else() -> None:
     }
     assert actions == {"s3:ListBucket", "s3:GetObject"}
     assert cache.s3_read_policy(platform("onprem")) is None  # no S3 source: no role
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    budget=st.one_of(st.integers(1, 100_000), st.floats(0.001, 100_000.0)),
+    pool_sizes=st.lists(st.integers(0, 5_000), max_size=12),
+)
+def test_a_fleet_of_node_ceilings_never_exceeds_the_budget(
+    budget: float, pool_sizes: list[int]
+) -> None:
+    """Issue 24: every node that can run the agent at its ceiling stays within the budget,
+    exactly (no float rounding above it), and no ceiling is above the budget."""
+    nodes = sum(pool_sizes)
+    rate = cache.node_request_rate(budget, nodes)
+    assert 0 < rate <= budget
+    assert Fraction(rate) * max(nodes, 1) <= Fraction(budget)
+    if nodes:  # not needlessly low: one ulp-ish below the exact share at most
+        assert rate >= budget / nodes * (1 - 1e-12)
+
+
+# dev: one aws pool of at most 2 nodes; onprem: one existing pool of 16 nodes.
+@pytest.mark.parametrize(("stack", "nodes"), [("dev", 2), ("onprem", 16)])
+def test_the_agents_ceiling_is_its_share_of_the_fleet_budget(stack: str, nodes: int) -> None:
+    cfg = platform(stack)
+    assert cfg.storage.nvme_cache is not None
+    assert cache.cache_nodes(cfg) == nodes
+    args = build_parser().parse_args(cache.agent_args(cfg))
+    assert args.max_request_rate == cache.node_request_rate(
+        cfg.storage.nvme_cache.request_rate_budget, nodes
+    )
+    assert args.max_request_rate * nodes <= cfg.storage.nvme_cache.request_rate_budget
+    pod = cache.daemonset(cfg)["spec"]["template"]["spec"]
+    if cfg.cloud == "existing":  # the agent runs on the pools' nodes only: those counted
+        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        selectors = {
+            tuple((e["key"], e["values"][0]) for e in t["matchExpressions"])
+            for t in terms["nodeSelectorTerms"]
+        }
+        assert selectors == {p.existing.node_selector for p in cfg.gpu_pools if p.existing}
+    else:
+        assert pod["nodeSelector"] == {cache.GPU_PRESENT_LABEL: "true"}

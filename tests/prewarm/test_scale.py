@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError, IncompleteReadError
 from botocore.response import StreamingBody
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from trainstack_prewarm import cache
 from trainstack_prewarm.cli import build_parser, main
 from trainstack_prewarm.errors import ThrottledError, TransientError
@@ -58,7 +61,9 @@ def test_rate_limiter_spaces_requests_halves_on_throttling_and_grows_back_slowly
     start = t.now
     for _ in range(21):
         rate.acquire()
-    assert t.now - start == pytest.approx(2.0)  # 21 starts at 10/s: 2 s, never a burst
+    # 10/s: spaced 0.1 s, and at most 10 in any 1.1 s window (the ceiling's window), so the
+    # 11th waits for 1.1 s after the 1st and the 21st for 1.1 s after the 11th: never a burst.
+    assert t.now - start == pytest.approx(2.2)
     rate.throttled()
     rate.throttled()  # the same burst of throttled replies: one halving, not two
     assert rate.rate == pytest.approx(5.0)
@@ -76,6 +81,36 @@ def test_rate_limiter_spaces_requests_halves_on_throttling_and_grows_back_slowly
         t.sleep(1.0)
         rate.throttled()
     assert rate.rate == rate.min_rate
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    max_rate=st.floats(0.1, 60.0),
+    gaps=st.lists(st.sampled_from([0.0, 0.001, 0.05, 0.3, 0.9, 1.5]), min_size=1, max_size=120),
+    cuts=st.sets(st.integers(0, 119)),
+)
+def test_no_window_ever_holds_more_starts_than_the_ceiling(
+    max_rate: float, gaps: list[float], cuts: set[int]
+) -> None:
+    """Whatever the callers do (idle, bursts, throttled replies, fast growth back), no window
+    shorter than window_s holds more than the ceiling's whole requests, and AIMD never grows
+    the rate above the ceiling."""
+    t = FakeTime()
+    rate = AdaptiveRateLimiter(max_rate, clock=t.clock, sleep=t.sleep, increase=50.0)
+    starts: list[float] = []
+    for i, gap in enumerate(gaps):
+        t.sleep(gap)
+        rate.acquire()
+        starts.append(t.now)
+        if i in cuts:
+            rate.throttled()
+        else:
+            rate.succeeded()
+        assert rate.rate <= max_rate
+    quota = rate.window_quota
+    assert quota == max(1, math.floor(max_rate))
+    for i in range(len(starts) - quota):
+        assert starts[i + quota] - starts[i] >= rate.window_s - 1e-9
 
 
 def test_throttling_slows_the_node_and_retries_come_from_one_shared_budget(

@@ -16,10 +16,12 @@ read the dataset sources (components/storage.py).
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Any, Final
 
 from trainstack.builders import labels
-from trainstack.builders.pools import GPU_PRESENT_LABEL, GPU_TOLERATION
+from trainstack.builders.pools import GPU_PRESENT_LABEL, GPU_TOLERATION, max_nodes
 from trainstack.builders.storage import CACHE_DRIVER, cache_sources, s3_read_statements
 from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig
 
@@ -35,7 +37,37 @@ REGISTRATION_DIR: Final = f"{KUBELET_DIR}/plugins_registry"
 SOCKET: Final = "csi.sock"
 CACHE_ROOT: Final = "/cache"  # the node's cache directory inside the agent
 START_JITTER_S: Final = 10  # spreads the first requests of a fleet's nodes (issue 24 #2)
-MAX_REQUEST_RATE: Final = 50  # requests/s per node and source (images/prewarm limits.py)
+
+
+def node_request_rate(budget: float, nodes: int) -> float:
+    """Each node's ceiling (requests/s to one source) so that ``nodes`` of them together stay
+    within the fleet's ``budget``: ``nodes * rate <= budget`` exactly (the float quotient is
+    stepped down where rounding put it above), never above the budget (``nodes < 1``: the
+    whole budget). The agent counts it in whole requests per window (limits.py), which keeps
+    the fleet under the budget in every one-second window without coordination."""
+    if budget <= 0:
+        raise ValueError(f"request-rate budget {budget!r} must be > 0")
+    if nodes < 1:
+        return float(budget)
+    rate = budget / nodes
+    while Fraction(rate) * nodes > Fraction(budget):  # exact: the quotient may round up
+        rate = math.nextafter(rate, 0.0)
+    return min(rate, float(budget))
+
+
+def cache_nodes(cfg: PlatformConfig) -> int:
+    """The most nodes the agent's DaemonSet can run on at once: the sum of the maximum sizes of
+    the GPU pools it selects (every pool: aws selects GPU_PRESENT_LABEL, which every pool's
+    nodes carry; existing selects each pool's nodeSelector). A node in two existing pools is
+    counted twice, which only lowers each node's share."""
+    return sum(max_nodes(pool) for pool in cfg.gpu_pools)
+
+
+def max_request_rate(cfg: PlatformConfig) -> float:
+    """The ceiling the agent gets as --max-request-rate: its share of the fleet's budget."""
+    cache = cfg.storage.nvme_cache
+    assert cache is not None
+    return node_request_rate(cache.request_rate_budget, cache_nodes(cfg))
 
 
 def pod_labels() -> dict[str, str]:
@@ -85,7 +117,7 @@ def agent_args(cfg: PlatformConfig) -> list[str]:
         "--csi-endpoint", f"unix:///csi/{SOCKET}",
         "--node-id", "$(NODE_NAME)",
         "--concurrency", str(cache.max_concurrent_fetches),
-        "--max-request-rate", str(MAX_REQUEST_RATE),
+        "--max-request-rate", repr(max_request_rate(cfg)),
         "--start-jitter", str(START_JITTER_S),
     ]  # fmt: skip
     for source in cache_sources(cfg):
@@ -160,6 +192,18 @@ def daemonset(cfg: PlatformConfig) -> dict[str, Any]:
     }
     if cfg.cloud == "aws":
         pod["nodeSelector"] = {GPU_PRESENT_LABEL: "true"}
+    else:
+        # Only the pools' nodes, so that cache_nodes() bounds the agents and their budget.
+        terms = [
+            {"matchExpressions": [{"key": k, "operator": "In", "values": [v]} for k, v in sel]}
+            for sel in dict.fromkeys(p.existing.node_selector for p in cfg.gpu_pools if p.existing)
+        ]
+        if terms:
+            pod["affinity"] = {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
+                }
+            }
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",

@@ -90,6 +90,8 @@ def storage_checks(doc: Mapping[str, Any], root: str, zones: set[str] | None) ->
     cache = storage.get("nvmeCache")
     if isinstance(cache, Mapping):
         issues += _cache_checks(cache, join_path(path, "nvmeCache"), cloud)
+    if isinstance(cache, Mapping):
+        issues += _cache_rate_checks(cache, join_path(path, "nvmeCache"), doc.get("gpuPools"))
     if "nvmeCache" in storage and cloud == "aws":
         pools = [p for _, p in dict_items(doc.get("gpuPools"))]
         if not any(p.get("instanceStore") != "none" for p in pools):
@@ -161,6 +163,31 @@ def _cache_checks(cache: Mapping[str, Any], path: str, cloud: object) -> list[Co
             )
         )
     return issues
+
+
+DEFAULT_REQUEST_RATE_BUDGET = 2750  # = the schema's default for nvmeCache.requestRateBudget
+
+
+def _cache_rate_checks(cache: Mapping[str, Any], path: str, pools: object) -> list[ConfigIssue]:
+    """Every node that can run the cache agent gets budget / nodes requests/s as its ceiling
+    (trainstack.builders.cache.node_request_rate), counted in whole requests per window: a
+    budget below the node count would leave a node less than one request/s."""
+    budget = cache.get("requestRateBudget", DEFAULT_REQUEST_RATE_BUDGET)
+    listed = [p for p in pools if isinstance(p, Mapping)] if isinstance(pools, list) else []
+    nodes = 0
+    for pool in listed:
+        size = pool.get("size")
+        count = size.get("max") if isinstance(size, Mapping) else pool.get("nodes")
+        nodes += count if isinstance(count, int) and not isinstance(count, bool) else 0
+    if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not 1 <= budget < nodes:
+        return []
+    return [
+        ConfigIssue(
+            join_path(path, "requestRateBudget"),
+            f"{budget:g} requests/s shared by up to {nodes} nodes that run the cache agent is "
+            "less than one request/s each; raise it to at least the node count",
+        )
+    ]
 
 
 def _lustre_zone_checks(lustre: Mapping[str, Any], path: str, pools: object) -> list[ConfigIssue]:
@@ -307,6 +334,7 @@ def build_storage(
             volumes_per_node=raw["volumesPerNode"],
             sources=tuple(raw["sources"]),
             agent_image=raw["agentImage"],
+            request_rate_budget=float(raw["requestRateBudget"]),
         )
     checkpoints = storage["checkpoints"]
     bucket = None

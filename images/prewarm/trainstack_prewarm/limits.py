@@ -2,8 +2,9 @@
 
 Concurrency alone does not bound the load a fleet puts on a bucket: 400 requests in flight at
 ~25 ms each is ~16,000 requests/s. So every request to a source also takes a token from that
-source's :class:`AdaptiveRateLimiter` (a ceiling in requests/s that halves on throttling and
-grows back slowly, AIMD), and every retry spends from its :class:`RetryBudget` (shared by all
+source's :class:`AdaptiveRateLimiter` (a ceiling in requests/s that no window exceeds, the
+node's share of a fleet budget, and below it a rate that halves on throttling and grows back
+slowly, AIMD), and every retry spends from its :class:`RetryBudget` (shared by all
 workers, refilled by successes), so a throttled node backs off instead of multiplying its
 requests. Sources that share a backend share a key, so two fetches in one process from the same
 bucket, or from the same Lustre filesystem, share one limit, one rate and one budget.
@@ -11,6 +12,8 @@ bucket, or from the same Lustre filesystem, share one limit, one rate and one bu
 
 from __future__ import annotations
 
+import collections
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -19,21 +22,36 @@ from dataclasses import dataclass
 
 from trainstack_prewarm.errors import UsageError
 
-DEFAULT_MAX_RATE = 50.0  # requests/s per node and source: 64 nodes x 50 = 3,200 < 5,500 GET/s
+# requests/s per node and source when no fleet budget says otherwise; the platform passes
+# its fleet budget / the nodes that can run the agent (trainstack/builders/cache.py).
+DEFAULT_MAX_RATE = 50.0
 DEFAULT_MIN_RATE = 0.5
 DEFAULT_RATE_INCREASE = 1.0  # requests/s gained per second without throttling
 DEFAULT_RETRY_BUDGET = 100.0
+# The window the ceiling is counted over: one second plus 0.1 s for the variation of a
+# request's delay between this limiter and storage (see AdaptiveRateLimiter).
+DEFAULT_RATE_WINDOW_S = 1.1
 
 
 class AdaptiveRateLimiter:
-    """A request-rate ceiling that halves on throttling and grows back slowly (AIMD).
+    """A request-rate ceiling that holds in every window, with AIMD below it.
 
-    Requests are spaced at least ``1 / rate`` seconds apart (a token bucket of depth one), so
-    in any one-second window there are at most ``rate + 1`` request starts. ``throttled()``
-    halves the rate (down to ``min_rate``), at most once per ``1 / rate`` seconds so a burst of
-    throttled responses to requests already in flight counts as one signal; ``succeeded()``
-    adds ``increase / rate`` so the rate grows by about ``increase`` requests/s per second,
-    up to ``max_rate``.
+    Two rules decide when a request may start (both on this limiter's clock, at the moment the
+    request is let go, so a thread that oversleeps cannot bunch its request up with the next):
+
+    * the ceiling, ``max_rate``: at most ``window_quota`` = ``max(1, floor(max_rate))`` starts
+      in any window of ``window_s`` seconds (default 1.1). A fleet of ``n`` nodes whose
+      ceilings add up to a budget ``B`` (``n * max_rate <= B``) therefore sends at most ``B``
+      requests in any one-second window, by construction and without coordination, provided a
+      request's delay from this limiter to storage varies by less than ``window_s - 1``
+      (the 0.1 s slack). Counts are whole requests, so a node's ceiling is rounded down to a
+      whole number per window (1.56/s sends 1 per 1.1 s); the ceiling is never exceeded.
+    * the adaptive rate, ``rate <= max_rate``: starts are spaced at least ``1 / rate``
+      seconds apart (a token bucket of depth one: no burst after idling). ``throttled()``
+      halves it (down to ``min_rate``), at most once per ``1 / rate`` seconds so a burst of
+      throttled responses to requests already in flight counts as one signal; ``succeeded()``
+      adds ``increase / rate`` so it grows by about ``increase`` requests/s per second, never
+      above ``max_rate``. This is for storage that throttles below the budget.
     """
 
     def __init__(
@@ -43,11 +61,14 @@ class AdaptiveRateLimiter:
         min_rate: float = DEFAULT_MIN_RATE,
         initial_rate: float | None = None,
         increase: float = DEFAULT_RATE_INCREASE,
+        window_s: float = DEFAULT_RATE_WINDOW_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         if max_rate <= 0 or min_rate <= 0 or increase < 0:
             raise UsageError("request rates must be > 0")
+        if window_s < 1.0:
+            raise UsageError("the rate window must be >= 1 s")
         self.max_rate = max_rate
         self.min_rate = min(min_rate, max_rate)
         self._rate = min(max_rate, initial_rate if initial_rate is not None else max_rate)
@@ -55,6 +76,10 @@ class AdaptiveRateLimiter:
         self._clock = clock
         self._sleep = sleep
         self._lock = threading.Lock()
+        self.window_s = window_s
+        self.window_quota = max(1, math.floor(max_rate))
+        # Start times of the last window_quota requests, oldest first.
+        self._starts: collections.deque[float] = collections.deque(maxlen=self.window_quota)
         self._next = clock()
         self._last_cut = float("-inf")
         self.throttle_events = 0
@@ -67,12 +92,17 @@ class AdaptiveRateLimiter:
             return self._rate
 
     def acquire(self) -> None:
-        """Block until this request may start."""
-        with self._lock:
-            now = self._clock()
-            start = max(now, self._next)
-            self._next = start + 1.0 / self._rate
-        if start > now:
+        """Block until this request may start: its start time is taken when it is let go."""
+        while True:
+            with self._lock:
+                now = self._clock()
+                start = max(now, self._next)
+                if len(self._starts) == self.window_quota:
+                    start = max(start, self._starts[0] + self.window_s)
+                if start <= now:
+                    self._starts.append(now)
+                    self._next = now + 1.0 / self._rate
+                    return
             self._sleep(start - now)
 
     def throttled(self) -> None:
@@ -138,6 +168,7 @@ class RateOptions:
     initial_rate: float | None = None
     increase: float = DEFAULT_RATE_INCREASE
     retry_budget: float = DEFAULT_RETRY_BUDGET
+    window_s: float = DEFAULT_RATE_WINDOW_S
 
 
 class SourceLimiter:
@@ -188,6 +219,7 @@ class SourceLimiter:
                     min_rate=opts.min_rate,
                     initial_rate=opts.initial_rate,
                     increase=opts.increase,
+                    window_s=opts.window_s,
                     clock=self._clock,
                     sleep=self._sleep,
                 )
