@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -259,3 +260,41 @@ def test_max_duration_checkpoints_and_exits_deadline_across_restarts(
     second = run_job(tmp_path, TRAINSTACK_MAX_DURATION_S="12")
     assert second.code == ExitCode.DEADLINE_EXCEEDED, second.output[-3000:]
     assert "maximum duration already passed" in second.termination()
+
+
+def test_liveness_kill_of_a_stuck_job_is_not_a_preemption(tmp_path: Path) -> None:
+    """The kubelet's liveness probe kills (SIGTERM) only after /healthz failed; that kill used
+    to be reported as a clean preemption (203), hiding the hang. A SIGTERM that follows a
+    failed answer is now a communication-class failure naming the probe's reason."""
+    cmd = supervisor_cmd(tmp_path)
+    env = job_env(
+        tmp_path,
+        TRAINSTACK_FAULT="hang@7,rank=1",
+        TRAINSTACK_COMM_TIMEOUT_S="300",  # the hang outlasts the probe, as a real one does
+        TRAINSTACK_HEALTH_STALE_S="2",
+    )
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        port_file = tmp_path / "run" / "health.port"
+        wait_for(port_file.exists, 60, "the health server")
+        port = int(port_file.read_text())
+
+        def probe_fails() -> bool:  # what the kubelet sees before it kills
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).close()
+            except urllib.error.HTTPError as err:
+                return err.code == 503
+            return False
+
+        wait_for(probe_fails, 90, "/healthz to fail")
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=90)
+    finally:
+        terminate(proc)
+    result = JobResult(proc.returncode, tmp_path, output)
+    assert result.code == ExitCode.COMM_ERROR, output[-3000:]
+    cause = str(_verdict(result)["cause"])
+    assert "liveness probe" in cause
+    assert "made no progress" in cause

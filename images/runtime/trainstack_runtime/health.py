@@ -289,12 +289,13 @@ def render_metrics(records: list[dict[str, Any]], healthy: bool) -> str:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+    server: HealthServer
 
     def do_GET(self) -> None:
         records = read_records(self.server.progress)
         status, body = healthz(records, self.server.policy, since=self.server.since)
         if self.path.split("?")[0] == HEALTH_PATH:
+            self.server.last_health = (status, str(body.get("reason", "")))
             self._send(status, json.dumps(body).encode(), "application/json")
         elif self.path.split("?")[0] == METRICS_PATH:
             text = render_metrics(records, status == 200)
@@ -313,18 +314,26 @@ class _Handler(BaseHTTPRequestHandler):
         return  # probes every few seconds would flood the job log
 
 
-class _Server(ThreadingHTTPServer):
+class HealthServer(ThreadingHTTPServer):
     daemon_threads = True
     progress: Path
     policy: HealthPolicy
     since: float
+    last_health: tuple[int, str] | None = None  # the last /healthz answer: status, reason
+
+    def failing(self) -> str | None:
+        """Why the last /healthz answer was unhealthy, or None. The kubelet's liveness probe
+        kills the container (SIGTERM) only after failed answers, so a SIGTERM that follows
+        one is the probe's kill of a stuck pod, not a preemption."""
+        last = self.last_health
+        return last[1] or "unhealthy" if last is not None and last[0] != 200 else None
 
 
 def serve(
     port: int, progress: Path, policy: HealthPolicy | None = None, host: str = "0.0.0.0"
-) -> _Server:
+) -> HealthServer:
     """Start the health server in a daemon thread; ``server.server_address[1]`` is the port."""
-    server = _Server((host, port), _Handler)
+    server = HealthServer((host, port), _Handler)
     server.progress, server.policy, server.since = progress, policy or HealthPolicy(), time.time()
     threading.Thread(target=server.serve_forever, name="health-http", daemon=True).start()
     return server

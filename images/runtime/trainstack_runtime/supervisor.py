@@ -49,7 +49,14 @@ from .contract import (
 from .crashes import record_crash
 from .deadline import DeadlineWatch, job_start
 from .exitcodes import ConfigError, Outcome, classify_failures, classify_text
-from .health import HealthPolicy, configured_port, progress_dir, read_records, serve
+from .health import (
+    HealthPolicy,
+    HealthServer,
+    configured_port,
+    progress_dir,
+    read_records,
+    serve,
+)
 from .preflight import memlock_issue
 from .topology import NodePlan, TopologyError, node_plan, restartable
 
@@ -58,6 +65,8 @@ FLIGHT_RECORDER_DIR = "flight-recorder"
 CGROUP = Path("/sys/fs/cgroup")
 # torch reads the first, then the older name (c10d FlightRecorder.cpp, DebugInfoWriter::getWriter).
 FLIGHT_RECORDER_PREFIX_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+# The pod's health server, once started: supervise() asks it how the last probe went.
+HEALTH_SERVER: list[HealthServer] = []
 
 
 def supervise(config: LaunchConfig, argv: list[str], run_dir: Path) -> Outcome:
@@ -66,6 +75,12 @@ def supervise(config: LaunchConfig, argv: list[str], run_dir: Path) -> Outcome:
         return Outcome(ExitCode.OK)
     except SignalException as exc:
         # The launcher already forwarded the signal; workers checkpointed and exited.
+        stuck = HEALTH_SERVER[0].failing() if HEALTH_SERVER else None
+        if stuck is not None:  # the liveness probe's kill: a hang, not a clean preemption
+            return Outcome(
+                ExitCode.COMM_ERROR,
+                cause=f"{exc.sigval.name} after failing the liveness probe ({stuck})",
+            )
         return Outcome(ExitCode.PREEMPTED, cause=f"received {exc.sigval.name}")
     except ChildFailedError as exc:
         return classify_failures(exc.failures, run_dir)
@@ -233,6 +248,7 @@ def prepare_pod(plan: NodePlan, max_restarts: int) -> Path:
             server = serve(port, progress_dir(run_dir), HealthPolicy.from_env())
         except OSError as err:
             raise OSError(err.errno, f"health port {port}: {err.strerror}") from err
+        HEALTH_SERVER[:] = [server]
         bound = server.server_address[1]
         (run_dir / "health.port").write_text(f"{bound}\n")
         log.info("health and metrics on :%d", bound)
