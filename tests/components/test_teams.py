@@ -83,3 +83,8 @@ def test_default_deny_with_training_allowances(run_program: Callable[..., Record
     assert {"protocol": "UDP", "port": 53} in egress_ports
     assert {"protocol": "TCP", "port": 988} in egress_ports
     assert {"protocol": "TCP", "port": 1018, "endPort": 1023} in egress_ports
+    # The node's dcgm-exporter (host network) for the runtime's GPU evidence, within the VPC
+    # (stacks/Pulumi.prod.yaml vpcCidr).
+    dcgm = {"protocol": "TCP", "port": 9400}
+    evidence = next(r for r in allow["spec"]["egress"] if dcgm in r.get("ports", []))
+    assert evidence["to"] == [{"ipBlock": {"cidr": "10.0.0.0/16"}}]

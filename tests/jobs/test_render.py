@@ -583,3 +583,29 @@ def test_a_replica_may_take_a_whole_node_and_no_more(
     big = dataclasses.replace(spec, workers=dataclasses.replace(spec.workers, resources=resources))
     found = [i.split(":")[0] for i in issues_of(big, view)]
     assert found == problems
+
+
+def test_gpu_pods_read_their_own_nodes_gpu_evidence(view: PlatformView) -> None:
+    """Issue 22 #6: hardware verdicts come from the node's DCGM evidence, not log text. The
+    runtime reads TRAINSTACK_GPU_EVIDENCE; its node's dcgm-exporter runs on the host network,
+    so the URL is built from status.hostIP, which the kubelet expands only from a variable
+    listed earlier (Kubernetes: "Define dependent environment variables")."""
+    assert view.outputs["monitoring"]["gpuEvidencePort"] == 9400
+    for task in ("master", "worker"):
+        variables = container(job(load_job(DEMO), view), task)["env"]
+        names = [e["name"] for e in variables]
+        assert variables[0] == {
+            "name": "TRAINSTACK_NODE_IP",
+            "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}},
+        }
+        assert env({"env": variables})["TRAINSTACK_GPU_EVIDENCE"] == (
+            "http://$(TRAINSTACK_NODE_IP):9400/metrics"
+        )
+        assert names.index("TRAINSTACK_NODE_IP") < names.index("TRAINSTACK_GPU_EVIDENCE")
+    servers = container(job(load_job(PS), view), "ps")  # CPU nodes: no exporter there
+    assert "TRAINSTACK_GPU_EVIDENCE" not in env(servers)
+    assert all(e["name"] != "TRAINSTACK_NODE_IP" for e in servers["env"])
+    operator = PlatformView(
+        {**view.outputs, "monitoring": {**view.outputs["monitoring"], "gpuEvidencePort": None}}
+    )
+    assert "TRAINSTACK_GPU_EVIDENCE" not in env(container(job(load_job(DEMO), operator)))

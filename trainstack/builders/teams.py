@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from trainstack.builders import labels
+from trainstack.builders.monitoring.common import DCGM_PORT
+from trainstack.builders.monitoring.values import dcgm_enabled_here
 from trainstack.builders.storage import LUSTRE_PORTS
-from trainstack.config.model import PlatformConfig, Team
+from trainstack.config.model import NewVpc, PlatformConfig, Team
 from trainstack.config.monitoring import MONITORING_NAMESPACE
 from trainstack.contracts.runtime import HEALTH_PORT_DEFAULT
 
@@ -176,10 +178,24 @@ def network_policies(cfg: PlatformConfig, team: Team) -> list[dict[str, Any]]:
                     "to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
                     "ports": [{"protocol": "TCP", "port": 443}, *storage_ports],
                 },
+                *_gpu_evidence_egress(cfg),
             ],
         },
     }
     return [deny, allow]
+
+
+def _gpu_evidence_egress(cfg: PlatformConfig) -> list[dict[str, Any]]:
+    """The runtime reads its node's dcgm-exporter (host network, port 9400) for hardware
+    evidence. A NetworkPolicy cannot name "this pod's node", so the rule names the nodes'
+    network: the VPC's CIDR when trainstack creates the VPC, else any address."""
+    if not dcgm_enabled_here(cfg):
+        return []
+    network = cfg.aws.network if cfg.aws is not None else None
+    cidr = network.cidr if isinstance(network, NewVpc) else "0.0.0.0/0"
+    return [
+        {"to": [{"ipBlock": {"cidr": cidr}}], "ports": [{"protocol": "TCP", "port": DCGM_PORT}]}
+    ]
 
 
 def team_manifests(cfg: PlatformConfig, team: Team) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from trainstack import outputs as out
 from trainstack.builders import labels
 from trainstack.builders.autoscaler import SAFE_TO_EVICT
 from trainstack.builders.pools import GPU_TOLERATION, TRAINING_UID
@@ -238,7 +239,7 @@ def _resources(requests: Mapping[str, str], limits: Mapping[str, str]) -> dict[s
     return {"requests": dict(sorted(requests.items())), "limits": dict(sorted(limits.items()))}
 
 
-def _env(spec: JobSpec, view: PlatformView, nproc: int) -> list[dict[str, str]]:
+def _env(spec: JobSpec, view: PlatformView, nproc: int, *, gpu: bool) -> list[dict[str, str]]:
     pool = view.pool(spec.pool)
     assert pool is not None
     values: dict[str, str] = dict(profile(pool).env)
@@ -258,9 +259,29 @@ def _env(spec: JobSpec, view: PlatformView, nproc: int) -> list[dict[str, str]]:
     }
     if spec.data is not None:
         values |= {"DATA_VERSION": spec.data.version, "DATA_DIR": spec.data.mount_path}
+    port = _evidence_port(view) if gpu else None
+    if port is not None:  # $(NODE_IP) is expanded by the kubelet: _node_ip_env() comes first
+        values[contract.ENV_GPU_EVIDENCE] = f"http://$({NODE_IP_ENV}):{port}/metrics"
     values |= dict(spec.env)  # the author's env wins, except where it must not:
     values[contract.ENV_CHECKPOINT_DIR] = CHECKPOINTS_MOUNT
     return [{"name": k, "value": v} for k, v in sorted(values.items())]
+
+
+NODE_IP_ENV = "TRAINSTACK_NODE_IP"
+
+
+def _evidence_port(view: PlatformView) -> int | None:
+    """The port of the node's dcgm-exporter on the host network, if the platform runs it."""
+    port = view.outputs.get(out.MONITORING, {}).get("gpuEvidencePort")
+    return None if port is None else int(port)
+
+
+def _node_ip_env(view: PlatformView) -> list[dict[str, Any]]:
+    """The node's IP for the GPU evidence URL; before the variables that refer to it, since
+    the kubelet expands ``$(VAR)`` only from variables defined earlier in the list."""
+    if _evidence_port(view) is None:
+        return []
+    return [{"name": NODE_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}]
 
 
 def _cache_source(spec: JobSpec, view: PlatformView) -> str:
@@ -378,7 +399,8 @@ def _pod(
         "command": _command(spec, nproc),
         "args": list(spec.args),
         "env": [
-            *_env(spec, view, nproc),
+            *(_node_ip_env(view) if role != PS else []),  # servers run on CPU nodes
+            *_env(spec, view, nproc, gpu=role != PS),
             {"name": "TRAINSTACK_ROLE", "value": role},
             copy.deepcopy(INSTANCE_ENV),
         ],

@@ -22,6 +22,7 @@ from trainstack.builders.monitoring.common import (
     DASHBOARD_LABEL,
     DCGM_CONFIGMAP,
     DCGM_CSV_PATH,
+    DCGM_PORT,
     DCGM_RELEASE,
     GPU_REQUESTS,
     INSTANCE_TYPE_LABEL,
@@ -65,6 +66,7 @@ __all__ = [
     "DASHBOARD_LABEL",
     "DCGM_CONFIGMAP",
     "DCGM_CSV_PATH",
+    "DCGM_PORT",
     "DCGM_RELEASE",
     "GPU_REQUESTS",
     "INSTANCE_TYPE_LABEL",
@@ -108,4 +110,7 @@ def monitoring_output(cfg: PlatformConfig) -> dict[str, Any]:
         "receivers": [r.name for r in cfg.monitoring.receivers],
         "jobAnnotations": [MAX_DURATION_ANNOTATION, CHECKPOINT_INTERVAL_ANNOTATION],
         "runtimePort": RUNTIME_PORT,
+        # The node's dcgm-exporter on the host network: jobs read GPU evidence there. Absent
+        # when the GPU operator runs its own exporter (its network is not trainstack's).
+        **({"gpuEvidencePort": DCGM_PORT} if dcgm_enabled_here(cfg) else {}),
     }

@@ -29,6 +29,8 @@ KPS_RELEASE: Final = "kube-prometheus-stack"
 DCGM_RELEASE: Final = "dcgm-exporter"
 DCGM_CONFIGMAP: Final = "trainstack-dcgm-counters"
 DCGM_CSV_PATH: Final = "/etc/dcgm-exporter/trainstack-counters.csv"
+# The chart's default `service.port` and listen address (":9400"), on the node's network.
+DCGM_PORT: Final = 9400
 DASHBOARD_LABEL: Final = ("grafana_dashboard", "1")  # the Grafana sidecar's label
 RUNTIME_PORT: Final = 8080  # trainstack.contracts.runtime.HEALTH_PORT_DEFAULT
 

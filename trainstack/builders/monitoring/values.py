@@ -322,6 +322,12 @@ def dcgm_values(cfg: PlatformConfig) -> dict[str, Any]:
             }
         ],
         "serviceMonitor": {"enabled": False},  # trainstack's own, with honorLabels (below)
+        # On the node's network, so that a training pod reads its own node's GPU evidence
+        # (Xid, ECC) at http://<status.hostIP>:9400/metrics (the runtime's
+        # TRAINSTACK_GPU_EVIDENCE; jobs/render.py). The chart's `hostNetwork` value
+        # (NVIDIA/dcgm-exporter deployment/templates/daemonset.yaml) also sets
+        # dnsPolicy ClusterFirstWithHostNet; the namespace is privileged already (hostPath).
+        "hostNetwork": True,
         "tolerations": [GPU_TOLERATION],
         "affinity": gpu_node_affinity(cfg),
     }
