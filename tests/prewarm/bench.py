@@ -1,13 +1,19 @@
 """``make bench-prewarm``: the fleet load test at 64 nodes, and peak RSS with 1M objects.
 
-Last line: one JSON object, ``{"nodes", "completed", "request_rate_max", "request_rate_limit",
-"bytes_fetched_over_dataset_max", "peak_rss_mib_1m_objects"}`` plus what the nodes sent:
-``attempted_rate_max`` (requests per second the clients sent, SlowDowns included),
-``attempted_rate_max_second_half`` (the same, once they have adapted) and
-``throttled_fraction``. ``request_rate_max`` is the rate the proxy served, which it caps at
-the limit by construction. The lines before it say what ran (throttled responses, restarts,
-per-phase times). Environment: ``BENCH_NODES`` (64),
-``BENCH_OBJECTS`` (1,000,000) to scale it down.
+The fleet runs twice against one dataset (24 objects), every 8th node killed and restarted:
+
+1. at its budget: the proxy's limit is the fleet's budget (100/s) and each node's ceiling its
+   share, ``node_request_rate(100, 64)`` as the platform renders ``--max-request-rate``;
+2. below it: storage throttles at 32/s, under the nodes' combined ceilings, so they adapt.
+
+Last line: one JSON object. Phase 1: ``nodes``, ``completed``, ``request_rate_max`` (the most
+requests the nodes **sent** in any one-second window on the proxy's clock, SlowDowns
+included), ``request_rate_limit``, ``bytes_fetched_over_dataset_max``, ``node_rate_ceiling``,
+``served_rate_max`` (what the proxy let through, capped at its limit by construction),
+``throttled_fraction``; phase 2 under ``below_budget_*`` (limit, completed, attempted rate,
+also over the second half of the run, throttled fraction, bytes); and
+``peak_rss_mib_1m_objects``. The lines before it say what ran. Environment: ``BENCH_NODES``
+(64), ``BENCH_OBJECTS`` (1,000,000) to scale it down.
 """
 
 from __future__ import annotations
@@ -29,13 +35,16 @@ from trainstack_prewarm.log import JsonLog
 from trainstack_prewarm.retry import RetryPolicy
 from trainstack_prewarm.sources import make_s3_client
 
-from tests.prewarm.loadtest import GeneratedSource, publish, run_fleet
+from tests.prewarm.loadtest import FleetResult, GeneratedSource, publish, run_fleet
+from trainstack.builders.cache import node_request_rate
 
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
+BUDGET = 100  # the fleet's request-rate budget and, in the first phase, the proxy's limit
+BELOW_BUDGET_LIMIT = 32  # the second phase: storage throttles at a third of the budget
 
 
 def rss_child(n: int, root: Path) -> None:
@@ -68,7 +77,7 @@ def peak_rss_mib(n: int) -> float:
 
 
 def fleet(nodes: int) -> dict[str, float | int]:
-
+    """Both phases on one moto server and one published dataset; their figures in one dict."""
     os.environ.update(AWS_ENV)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access log
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -79,35 +88,46 @@ def fleet(nodes: int) -> dict[str, float | int]:
         client = make_s3_client(endpoint_url=endpoint, region="us-east-1")
         bucket = f"bench-{uuid.uuid4().hex[:8]}"
         total = publish(client, bucket, "ds/v1", files=24, size=32_000)
-        limit, per_node = 100, 5.0
-        t0 = time.monotonic()
-        with tempfile.TemporaryDirectory() as tmp:
-            result = run_fleet(
-                moto_endpoint=endpoint,
-                bucket=bucket,
-                prefix="ds/v1",
-                dataset_bytes=total,
-                workdir=Path(tmp),
-                nodes=nodes,
-                rate_limit=limit,
-                node_max_rate=per_node,
-                start_jitter_s=3.0,
-                kill_every=8,
-                kill_after=6,
-            )
-        print(
-            f"fleet: {nodes} nodes x {per_node:g} req/s ceiling = {nodes * per_node:g} req/s "
-            f"against a proxy limit of {limit} req/s; {result.restarted} pods killed and "
-            f"restarted; {len(result.stats.attempted)} requests sent, "
-            f"{result.stats.throttled} answered SlowDown "
-            f"({result.stats.throttled_fraction():.1%}), "
-            f"{len(result.stats.admitted)} served in {time.monotonic() - t0:.1f}s; "
-            f"sent at most {result.stats.max_attempted_rate()}/s, "
-            f"{result.stats.max_attempted_rate(second_half=True)}/s in the second half; "
-            f"errors: {result.errors or 'none'}",
-            flush=True,
+        # The platform's computation: each node's ceiling is its share of the fleet's budget.
+        per_node = node_request_rate(BUDGET, nodes)
+
+        def phase(label: str, limit: int) -> FleetResult:
+            t0 = time.monotonic()
+            with tempfile.TemporaryDirectory() as tmp:
+                result = run_fleet(
+                    moto_endpoint=endpoint,
+                    bucket=bucket,
+                    prefix="ds/v1",
+                    dataset_bytes=total,
+                    workdir=Path(tmp),
+                    nodes=nodes,
+                    rate_limit=limit,
+                    node_max_rate=per_node,
+                    start_jitter_s=3.0,
+                    kill_every=8,
+                    kill_after=6,
+                )
+            print(f"{result.describe(label)} ({time.monotonic() - t0:.1f}s)", flush=True)
+            return result
+
+        at_budget = phase(f"fleet at its budget of {BUDGET}/s", BUDGET)
+        below = phase("storage throttling below the budget", BELOW_BUDGET_LIMIT)
+        summary = at_budget.summary()
+        summary.update(
+            {
+                "below_budget_request_rate_limit": below.rate_limit,
+                "below_budget_completed": below.completed,
+                "below_budget_attempted_rate_max": below.stats.max_attempted_rate(),
+                "below_budget_attempted_rate_max_second_half": below.stats.max_attempted_rate(
+                    second_half=True
+                ),
+                "below_budget_throttled_fraction": round(below.stats.throttled_fraction(), 4),
+                "below_budget_bytes_fetched_over_dataset_max": round(
+                    below.bytes_over_dataset_max(), 4
+                ),
+            }
         )
-        return result.summary()
+        return summary
     finally:
         server.stop()
 

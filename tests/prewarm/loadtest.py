@@ -8,7 +8,11 @@ with its own client, limiter and cache directory), kills some of them mid-fetch 
 them (a pod restart on the same node cache), and returns what the proxy saw.
 
 Used by tests/prewarm/test_load.py (small and fast) and ``make bench-prewarm``
-(``python -m tests.prewarm.bench``: 64 nodes, and peak RSS with a million-object listing).
+(``python -m tests.prewarm.bench``: 64 nodes, and peak RSS with a million-object listing),
+each in two phases: the proxy's limit equal to the fleet's budget with each node's ceiling its
+share (``trainstack.builders.cache.node_request_rate``, as the platform renders it), so the
+nodes must keep what they send under the limit; then storage throttling below the budget, so
+the nodes must adapt (AIMD).
 """
 
 from __future__ import annotations
@@ -223,27 +227,45 @@ class FleetResult:
     completed: int
     restarted: int
     dataset_bytes: int
-    rate_limit: int
+    rate_limit: int  # the proxy's: storage's limit
+    node_max_rate: float  # each node's ceiling
     stats: ProxyStats
     errors: dict[int, str]
 
-    def summary(self) -> dict[str, float | int]:
-        over = max(
+    def bytes_over_dataset_max(self) -> float:
+        """The largest per-node bytes served over the dataset's."""
+        return max(
             (self.stats.bytes_by_node.get(n, 0) / self.dataset_bytes for n in range(self.nodes)),
             default=0.0,
         )
+
+    def summary(self) -> dict[str, float | int]:
+        """The fleet's figures. ``request_rate_max`` is what the nodes **sent** in any one-second
+        window (SlowDowns included), counted on the proxy's clock; ``served_rate_max`` what
+        the proxy let through, which it caps at its limit by construction."""
         return {
             "nodes": self.nodes,
             "completed": self.completed,
-            "request_rate_max": self.stats.max_rate(),
+            "request_rate_max": self.stats.max_attempted_rate(),
             "request_rate_limit": self.rate_limit,
-            "bytes_fetched_over_dataset_max": round(over, 4),
-            # What the nodes sent, SlowDowns included: the served rate above cannot exceed
-            # the limit, since the proxy enforces it; these show how well the nodes adapt.
-            "attempted_rate_max": self.stats.max_attempted_rate(),
-            "attempted_rate_max_second_half": self.stats.max_attempted_rate(second_half=True),
+            "bytes_fetched_over_dataset_max": round(self.bytes_over_dataset_max(), 4),
+            "node_rate_ceiling": self.node_max_rate,
+            "served_rate_max": self.stats.max_rate(),
             "throttled_fraction": round(self.stats.throttled_fraction(), 4),
         }
+
+    def describe(self, label: str) -> str:
+        """One line for the bench's log: what ran and what the proxy saw."""
+        return (
+            f"{label}: {self.nodes} nodes x {self.node_max_rate:g} req/s ceiling against a proxy "
+            f"limit of {self.rate_limit} req/s; {self.completed} completed, {self.restarted} "
+            f"pods killed and restarted; {len(self.stats.attempted)} requests sent, "
+            f"{self.stats.throttled} answered SlowDown ({self.stats.throttled_fraction():.1%}); "
+            f"sent at most {self.stats.max_attempted_rate()}/s, "
+            f"{self.stats.max_attempted_rate(second_half=True)}/s in the second half; "
+            f"at most {self.bytes_over_dataset_max():.3f}x the dataset per node; "
+            f"errors: {self.errors or 'none'}"
+        )
 
 
 def run_fleet(
@@ -262,7 +284,8 @@ def run_fleet(
     kill_after: int = 3,
     seed: int = 0,
 ) -> FleetResult:
-    """``nodes`` fetchers of ``s3://bucket/prefix`` through a proxy throttling at ``rate_limit``.
+    """``nodes`` fetchers of ``s3://bucket/prefix`` through a proxy throttling at ``rate_limit``,
+    each with its own limiter whose ceiling is ``node_max_rate``.
 
     Every ``kill_every``-th node is killed when its ``kill_after``-th transfer starts and is
     restarted on the same cache directory (a pod restart on a node that keeps its cache).
@@ -322,7 +345,9 @@ def run_fleet(
             t.start()
         for t in threads:
             t.join(timeout=900)
-    return FleetResult(nodes, completed, restarted, dataset_bytes, rate_limit, proxy.stats, errors)
+    return FleetResult(
+        nodes, completed, restarted, dataset_bytes, rate_limit, node_max_rate, proxy.stats, errors
+    )
 
 
 def publish(client: Any, bucket: str, prefix: str, files: int, size: int) -> int:
