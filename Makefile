@@ -108,9 +108,12 @@ policy-config: setup
 goldens: setup
 	TRAINSTACK_UPDATE_GOLDENS=1 $(BIN)/pytest -q tests/test_goldens.py
 
-## checkpoint-stall and overhead benchmark of the runtime
+# Checkpoint cost (docs/runtime.md, Benchmark): DDP and FSDP2 at ~50M and ~200M parameters on 2
+# gloo workers: sync save, async stall, goodput loss with an A/A control; last line JSON.
+# BENCH_ARGS=--quick: tiny models, seconds (what tests/runtime/test_bench.py runs).
+## checkpoint cost benchmark of the runtime (~20 min on 2 cores; BENCH_ARGS=--quick)
 bench-runtime: setup
-	$(BIN)/python -m trainstack_runtime.bench
+	$(BIN)/python -m trainstack_runtime.bench $(BENCH_ARGS)
 
 # The dataset pre-warm at fleet scale (docs/prewarm.md, Load test): 64 simulated nodes through a
 # throttling proxy in front of moto, then peak RSS of a 1M-object fetch; last line JSON.
