@@ -71,8 +71,11 @@ def volcano_env(manifest: dict[str, Any], task: dict[str, Any], index: int) -> d
     for e in task["template"]["spec"]["containers"][0]["env"]:
         if "value" in e:
             env[e["name"]] = e["value"]
-        else:  # the downward API, from the annotations
+        else:  # the downward API: the node's IP, or from the annotations
             path = e["valueFrom"]["fieldRef"]["fieldPath"]
+            if path == "status.hostIP":
+                env[e["name"]] = "10.0.0.7"
+                continue
             env[e["name"]] = annotations[path.removeprefix("metadata.annotations['")[:-2]]
     if "env" in plugins:
         env["VC_TASK_INDEX"] = env["VK_TASK_INDEX"] = str(index)

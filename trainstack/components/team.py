@@ -81,7 +81,13 @@ class TeamStack(pulumi.ComponentResource):
         # One typed view of the outputs jobs need: the shared ones and this team's slice.
         # It is not a dict, so Pulumi does not lift every nested value into its own Output.
         # Those outputs are not secret by contract (only the kubeconfig is, read below).
-        keys = (out.GPU_POOLS, out.STORAGE, out.TEAM_NAMESPACES, out.team_output(args.team))
+        keys = (
+            out.GPU_POOLS,
+            out.STORAGE,
+            out.MONITORING,  # gpuEvidencePort: where jobs read their node's GPU evidence
+            out.TEAM_NAMESPACES,
+            out.team_output(args.team),
+        )
         view = pulumi.Output.unsecret(platform.outputs).apply(
             lambda outputs: PlatformView({k: (outputs or {}).get(k) for k in keys})
         )
