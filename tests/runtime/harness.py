@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -95,6 +96,46 @@ def supervisor_cmd(
         str(workdir / "loss"),
         *args,
     ]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def start_pods(
+    tmp_path: Path, *, max_restarts: int = 0, **env: str
+) -> list[subprocess.Popen[bytes]]:
+    """Two one-worker "pods" with pod-level env (as Volcano's pytorch plugin and PyTorchJob
+    set it) on one checkpoint volume: ``tmp_path/pod<N>`` each, losses in ``tmp_path/loss``."""
+    port = free_port()
+    procs = []
+    for pod in (0, 1):
+        workdir = tmp_path / f"pod{pod}"
+        pod_env = job_env(
+            workdir,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            WORLD_SIZE="2",
+            RANK=str(pod),
+            TRAINSTACK_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
+            **env,
+        )
+        cmd = supervisor_cmd(workdir, nproc=1, max_restarts=max_restarts)
+        cmd[cmd.index("--loss-log") + 1] = str(tmp_path / "loss")
+        procs.append(
+            subprocess.Popen(cmd, env=pod_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        )
+    return procs
+
+
+def kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
 
 
 RunJob = Callable[..., JobResult]

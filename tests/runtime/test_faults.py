@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -27,6 +26,8 @@ from tests.runtime.harness import (
     RunJob,
     assert_matches_baseline,
     job_env,
+    kill_all,
+    start_pods,
     supervisor_cmd,
     terminate,
     wait_for,
@@ -209,33 +210,12 @@ def test_failure_class_exit_code(
 def test_lost_node_exits_peer_lost(tmp_path: Path) -> None:
     """Two single-process 'pods' with pod-level env (as Volcano/PyTorchJob set it); pod 1's
     launcher and worker vanish at once. The surviving pod reports a lost peer."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for pod in (0, 1):
-        workdir = tmp_path / f"pod{pod}"
-        env = job_env(
-            workdir,
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            WORLD_SIZE="2",
-            RANK=str(pod),
-            TRAINSTACK_FAULT="kill-node@7,rank=1",
-            TRAINSTACK_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
-        )
-        cmd = supervisor_cmd(workdir, nproc=1)
-        procs.append(
-            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        )
+    procs = start_pods(tmp_path, TRAINSTACK_FAULT="kill-node@7,rank=1")
     try:
         out0, _ = procs[0].communicate(timeout=120)
         procs[1].wait(timeout=60)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+        kill_all(procs)
     assert procs[1].returncode == -signal.SIGKILL
     assert procs[0].returncode == ExitCode.PEER_LOST, out0.decode(errors="replace")[-3000:]
     verdict = json.loads((tmp_path / "pod0" / "termination-log").read_text())

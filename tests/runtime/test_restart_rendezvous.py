@@ -13,8 +13,6 @@ killed). With restarts the supervisor now uses the c10d rendezvous (topology.res
 
 from __future__ import annotations
 
-import socket
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,18 +26,12 @@ from tests.runtime.harness import (
     JobResult,
     RunJob,
     assert_matches_baseline,
-    job_env,
-    supervisor_cmd,
+    free_port,
+    kill_all,
+    start_pods,
 )
 
 POD_ENV = {"MASTER_ADDR": "job-master-0.job", "MASTER_PORT": "23456"}
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.mark.parametrize(
@@ -98,7 +90,7 @@ def test_in_pod_restart_with_pod_level_env_resumes_bit_exact(
         max_restarts=1,
         timeout=240,
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_port()),
+        MASTER_PORT=str(free_port()),
         WORLD_SIZE="1",
         RANK="0",
     )
@@ -113,35 +105,16 @@ def test_in_pod_restart_across_two_pods(tmp_path: Path, baseline: Baseline) -> N
     """Two one-worker pods with pod-level env (as Volcano's pytorch plugin sets it) and
     TRAINSTACK_MAX_RESTARTS=1; one pod's worker is SIGKILLed. The other pod's workers are
     restarted by the new rendezvous round too, and both pods finish the job."""
-    port = _port()
-    procs = []
-    for pod in (0, 1):
-        workdir = tmp_path / f"pod{pod}"
-        env = job_env(
-            workdir,
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            WORLD_SIZE="2",
-            RANK=str(pod),
-            TRAINSTACK_MAX_RESTARTS="1",
-            TRAINSTACK_FAULT="sigkill@13,rank=1",
-            TRAINSTACK_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
-        )
-        cmd = supervisor_cmd(workdir, nproc=1, max_restarts=1)
-        cmd[cmd.index("--loss-log") + 1] = str(tmp_path / "loss")
-        procs.append(
-            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        )
+    procs = start_pods(
+        tmp_path, max_restarts=1, TRAINSTACK_MAX_RESTARTS="1", TRAINSTACK_FAULT="sigkill@13,rank=1"
+    )
     outputs = []
     try:
         for p in procs:
             out, _ = p.communicate(timeout=240)
             outputs.append(out.decode(errors="replace"))
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+        kill_all(procs)
     for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == ExitCode.OK, out[-3000:]
     assert_matches_baseline(JobResult(0, tmp_path, ""), baseline, replayed_from=(10, 5))
