@@ -422,12 +422,13 @@ class CheckpointManager:
         quarantined and the next older one tried. RNG is applied last; if you create data
         iterators after this call, call :meth:`reapply_rng` afterwards."""
         self._clean_incomplete()
-        step = self._select()
-        if step is None:
+        chosen = self._select()
+        if chosen is None:
             log.info("no valid checkpoint under %s: starting fresh", self.config.root)
             return 0
+        step, manifest = chosen
         directory = self.config.root / step_dir_name(step)
-        self._load(directory, state)
+        self._load(directory, manifest, state)
         self.last_commit_step = self.last_saved_step = step
         self.last_commit_time = (directory / MANIFEST).stat().st_mtime
         log.info("rank %d resumed from %s", self.rank, directory)
@@ -446,7 +447,8 @@ class CheckpointManager:
                 shutil.rmtree(entry, ignore_errors=True)
                 _rmdir_if_empty(entry.parent)
 
-    def _select(self) -> int | None:
+    def _select(self) -> tuple[int, dict[str, Any]] | None:
+        """The newest step every rank verified, with its manifest; None: start fresh."""
         steps = committed_steps(self.config.root)
         if not self._same(steps[-1] if steps else -1):
             raise StorageError(
@@ -462,15 +464,15 @@ class CheckpointManager:
             if not result.ok:
                 log.error("checkpoint %s is invalid (%s)", directory, result.reason)
             if self._all(result.ok):
-                return step
+                assert result.manifest is not None
+                return step, result.manifest
             if self.rank == 0:
                 log.error("quarantining %s and falling back", directory)
                 quarantine_dir(directory)
             self._all(True)  # barrier: nobody looks at the next one before the move
         return None
 
-    def _load(self, directory: Path, state: TrainState) -> None:
-        manifest = verify(directory, checksums=False).manifest or {}
+    def _load(self, directory: Path, manifest: dict[str, Any], state: TrainState) -> None:
         saved_world = int(manifest.get("world_size", 0))
         same_world = saved_world == self.world_size
         if not state.replicated and not same_world:
