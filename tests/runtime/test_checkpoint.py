@@ -16,6 +16,7 @@ pytestmark = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
 
 if HAVE_TORCH:
     import torch
+    from trainstack_runtime import ckptfiles
     from trainstack_runtime.checkpoint import (
         MANIFEST,
         CheckpointConfig,
@@ -29,7 +30,7 @@ if HAVE_TORCH:
     )
     from trainstack_runtime.ckptfiles import SafeReader, safe_loads
     from trainstack_runtime.data import ResumableLoader, SyntheticRegression
-    from trainstack_runtime.exitcodes import ConfigError
+    from trainstack_runtime.exitcodes import ConfigError, StorageError
 
 
 def _state(seed: int = 0) -> TrainState:
@@ -152,9 +153,9 @@ def _flip(path: Path) -> None:
 @pytest.mark.parametrize(
     ("damage", "reason"),
     [
-        (lambda d: _flip(d / "__0_0.distcp"), "__0_0.distcp: sha256 mismatch"),
-        (lambda d: _flip(d / ".metadata"), ".metadata: sha256 mismatch"),
-        (lambda d: _flip(d / "rank-00000.pkl"), "rank-00000.pkl: sha256 mismatch"),
+        (lambda d: _flip(d / "__0_0.distcp"), "__0_0.distcp: xxh3_128 mismatch"),
+        (lambda d: _flip(d / ".metadata"), ".metadata: xxh3_128 mismatch"),
+        (lambda d: _flip(d / "rank-00000.pkl"), "rank-00000.pkl: xxh3_128 mismatch"),
         (
             lambda d: (d / "__0_0.distcp").write_bytes((d / "__0_0.distcp").read_bytes()[:-3]),
             "__0_0.distcp: size",
@@ -182,6 +183,63 @@ def test_verify_detects_damage(tmp_path: Path, damage: object, reason: str) -> N
     result = verify(newest)
     assert not result.ok
     assert reason in result.reason
+
+
+def test_manifest_checksums_are_of_the_bytes_on_disk(tmp_path: Path) -> None:
+    """Taken while DCP writes (no read-back): each one must equal the file's own checksum,
+    the index's included (written as .metadata.tmp, then renamed)."""
+    newest = _committed(tmp_path)
+    files = json.loads((newest / MANIFEST).read_text())["files"]
+    for name, meta in files.items():
+        assert meta == {"size": (newest / name).stat().st_size, **_sum(newest / name)}, name
+
+
+def _sum(path: Path) -> dict[str, str]:
+    return {"xxh3_128": ckptfiles.file_checksum(path)}
+
+
+def test_save_does_not_read_its_data_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading a file back right after fsync reads the page cache: it costs a pass over the
+    checkpoint and proves nothing the checksum taken while writing does not."""
+    real = ckptfiles.file_checksum
+
+    def no_data_reads(path: Path, algorithm: str = "xxh3_128") -> str:
+        assert path.suffix != ".distcp", path
+        assert path.name != ".metadata", path
+        return real(path, algorithm)
+
+    monkeypatch.setattr(ckptfiles, "file_checksum", no_data_reads)
+    newest = _committed(tmp_path)
+    monkeypatch.undo()
+    assert verify(newest).ok
+
+
+def test_checkpoints_with_sha256_checksums_still_verify(tmp_path: Path) -> None:
+    """Checkpoints of this format written before the switch to xxh3_128 list sha256."""
+    newest = _committed(tmp_path)
+    manifest = json.loads((newest / MANIFEST).read_text())
+    for name, meta in manifest["files"].items():
+        del meta["xxh3_128"]
+        meta["sha256"] = ckptfiles.file_checksum(newest / name, "sha256")
+    (newest / MANIFEST).write_text(json.dumps(manifest))
+    assert verify(newest).ok
+    _flip(newest / "__0_0.distcp")
+    assert verify(newest).reason == "__0_0.distcp: sha256 mismatch"
+    del manifest["files"]["rank-00000.done.json"]["sha256"]
+    (newest / MANIFEST).write_text(json.dumps(manifest))
+    # Files 0 and 2 by name (.metadata, rank-00000.done.json): the flipped one is not in it.
+    reason = verify(newest, share=(0, 2)).reason
+    assert reason == "rank-00000.done.json: no checksum in the manifest"
+
+
+def test_local_tier_upload_fails_on_bytes_that_changed_on_the_node(tmp_path: Path) -> None:
+    src = tmp_path / "local.distcp"
+    src.write_bytes(b"x" * 1000)
+    written = {"size": 1000, **_sum(src)}
+    assert ckptfiles.copy_verified(src, tmp_path / "a", written) == written
+    _flip(src)
+    with pytest.raises(StorageError, match="the node's disk returned different bytes"):
+        ckptfiles.copy_verified(src, tmp_path / "b", written)
 
 
 def test_select_falls_back_and_quarantines(tmp_path: Path) -> None:

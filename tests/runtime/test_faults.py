@@ -108,7 +108,7 @@ def test_corrupt_newest_checkpoint_is_detected_and_skipped(
 
     second = run_job(tmp_path)
     assert second.code == ExitCode.OK, second.output[-3000:]
-    assert "sha256 mismatch" in second.output
+    assert "xxh3_128 mismatch" in second.output
     assert (first.checkpoints / (step_dir_name(17) + ".corrupt")).is_dir()
     assert step_dir_name(15) in second.output
     assert_matches_baseline(second, baseline, replayed_from=15)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import importlib
 import json
 import logging
@@ -53,8 +52,8 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+import xxhash
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.planner import SavePlan
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -69,6 +68,7 @@ from .ckptfiles import (
     LATEST,
     LEGACY_FORMATS,
     MANIFEST,
+    ChecksumWriter,
     SafeLoadPlanner,
     SafeReader,
     Verdict,
@@ -260,7 +260,7 @@ def _flat_keys(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 def _digest(tree: dict[str, Any], skip: frozenset[str]) -> int:
     """Of the plain tensors in a staged tree (not DTensor shards, not ``skip``): 63 bits."""
-    h = hashlib.blake2b(digest_size=8)
+    h = xxhash.xxh3_64()
     for key, value in sorted(_flat_keys(tree).items()):
         if key in skip or not isinstance(value, torch.Tensor) or isinstance(value, DTensor):
             continue
@@ -269,6 +269,46 @@ def _digest(tree: dict[str, Any], skip: frozenset[str]) -> int:
         if host.numel():
             h.update(host.view(torch.uint8).numpy().data)
     return int.from_bytes(h.digest(), "big") >> 1
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and not isinstance(value, DTensor)
+
+
+def writers(tree: dict[str, Any], world_size: int, rank0: frozenset[str]) -> dict[str, int]:
+    """The rank that writes each plain (replicated) tensor: ``rank0`` ones (module buffers, see
+    ``_SavePlanner``) on rank 0, the rest largest first onto the rank with the fewest bytes so
+    far. The same on every rank: names and sizes of replicated tensors are the same everywhere
+    (the first save checks their contents, names included)."""
+    sizes = {
+        key: value.numel() * value.element_size()
+        for key, value in _flat_keys(tree).items()
+        if _plain(value)
+    }
+    load = [0] * world_size
+    owner: dict[str, int] = {}
+    for key in sorted(sizes, key=lambda k: (k not in rank0, -sizes[k], k)):
+        rank = 0 if key in rank0 else min(range(world_size), key=lambda r: (load[r], r))
+        owner[key] = rank
+        load[rank] += sizes[key]
+    return owner
+
+
+def own_share(tree: Any, keep: Callable[[str], bool], prefix: str = "") -> Any:
+    """``tree`` without the plain tensors ``keep`` rejects (by DCP's flattened name); dicts are
+    copied, tensors and everything else are the same objects. Only dict entries are dropped:
+    dropping a list element would renumber the names after it."""
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            name = f"{prefix}{key}"
+            if _plain(value) and not keep(name):
+                continue
+            out[key] = own_share(value, keep, name + ".")
+        return out
+    if isinstance(tree, list):
+        return [own_share(v, keep, f"{prefix}{i}.") for i, v in enumerate(tree)]
+    return tree
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -347,17 +387,11 @@ class CheckpointManager:
         self._on_commit = on_commit
         self._faults = Injector(rank, attempt)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt")
-        cuda = torch.cuda.is_available()
-        # One stager for the whole run: it keeps its host copies (pinned with CUDA) and reuses
-        # them, so a save allocates no new host memory after the first.
-        self._stager = DefaultStager(
-            StagingOptions(
-                use_pinned_memory=cuda,
-                use_shared_memory=False,
-                use_async_staging=True,
-                use_non_blocking_copy=cuda,
-            )
-        )
+        # One stager for the run (after the first save of replicated state: see
+        # _stage_shares_only): it keeps its host copies (pinned with CUDA) and reuses them, so
+        # a save allocates no new host memory after the first.
+        self._stager = _new_stager()
+        self._shares_only = False
         self._job: _Job | None = None
         self._saves = 0
         self._restored_rng: dict[str, Any] | None = None
@@ -556,9 +590,18 @@ class CheckpointManager:
             "extra": {name: obj.state_dict() for name, obj in state.extra.items()},
         }
         tree = self._tree(state)
-        part = tree if state.replicated else tree[rank_name(self.rank)]
         prefix = "model." if state.replicated else f"{rank_name(self.rank)}.model."
         buffers = frozenset(prefix + n for n, _ in _unwrap(state.model).named_buffers())
+        check_replicated = state.replicated and self._saves == 0 and self._dist()
+        if state.replicated and self._dist() and not check_replicated:
+            # DCP writes each replicated tensor once, from one rank; staging all of them on
+            # every rank copied world_size times what is written (DDP: the whole model and
+            # optimizer per rank). From the second save on (the first compares them all
+            # across ranks), each rank stages and writes only its share.
+            owner = writers(tree, self.world_size, buffers)
+            tree = own_share(tree, lambda name: owner.get(name, self.rank) == self.rank)
+            self._stage_shares_only()
+        part = tree if state.replicated else tree[rank_name(self.rank)]
         # Forward changes buffers (BatchNorm statistics): copy them now. Parameters and
         # optimizer state change only in optimizer.step(), which waits for the staging.
         for key in list(part["model"]):
@@ -572,7 +615,7 @@ class CheckpointManager:
             step=step,
             staging=self._stager.stage(tree),
             private_blob=dumps_private(private),
-            check_replicated=state.replicated and self._saves == 0 and self._dist(),
+            check_replicated=check_replicated,
             rank0_only=buffers if state.replicated else frozenset(),
             digest_skip=buffers,
         )
@@ -583,6 +626,15 @@ class CheckpointManager:
         if blocking:
             self.wait()
         self.last_stall_s = time.perf_counter() - t0
+
+    def _stage_shares_only(self) -> None:
+        """The stager keeps a host copy of every tensor it ever staged (keyed by the live
+        tensor's storage), so the first save's full copies would stay allocated: start a
+        fresh one, sized to this rank's share. Nothing is staging (``wait()`` ran)."""
+        if not self._shares_only:
+            self._stager.close()
+            self._stager = _new_stager()
+            self._shares_only = True
 
     def _tree(self, state: TrainState) -> dict[str, Any]:
         """The DCP state dict: model and optimizer (FQN keys, DTensor shards as they are)."""
@@ -657,9 +709,10 @@ class CheckpointManager:
             workdir = self.config.local_root / durable.name / rank_name(self.rank)
         workdir.mkdir(parents=True, exist_ok=True)
         # Collective: every rank's planner and writer run, errors come back on every rank.
+        writer = ChecksumWriter(workdir)
         dcp_save(
             staged,
-            storage_writer=FileSystemWriter(workdir, sync_files=True),
+            storage_writer=writer,
             planner=_SavePlanner(self.rank, job.rank0_only),
             process_group=self._group,
             no_dist=self._group is None,
@@ -668,7 +721,7 @@ class CheckpointManager:
         try:
             if self._faults.in_checkpoint_write(job.step):
                 os.kill(os.getpid(), signal.SIGKILL)  # data written, nothing committed
-            self._finish_rank(job, workdir, durable)
+            self._finish_rank(job, workdir, durable, writer.fs.written)
         except Exception as err:  # still vote, so peers do not wait for the timeout
             failure = err
         if not self._all(failure is None):
@@ -691,9 +744,11 @@ class CheckpointManager:
         if self._on_commit is not None:
             self._on_commit(job.step, self.last_commit_time)
 
-    def _finish_rank(self, job: _Job, workdir: Path, durable: Path) -> None:
-        """This rank's private state, checksums of what it wrote (uploaded from the local tier
-        when there is one) and its vote file."""
+    def _finish_rank(
+        self, job: _Job, workdir: Path, durable: Path, written: dict[str, dict[str, Any]]
+    ) -> None:
+        """This rank's private state, checksums of what it wrote (taken as DCP wrote the
+        files; uploaded from the local tier when there is one) and its vote file."""
         durable.mkdir(parents=True, exist_ok=True)
         mine = data_files(workdir, self.rank)
         if self.rank == 0:
@@ -701,11 +756,12 @@ class CheckpointManager:
         files: dict[str, dict[str, Any]] = {}
         if workdir != durable:
             for path in mine:
-                files[path.name] = copy_verified(path, durable / path.name)
+                files[path.name] = copy_verified(path, durable / path.name, written.get(path.name))
             shutil.rmtree(workdir, ignore_errors=True)
             _rmdir_if_empty(workdir.parent)
         else:
-            files = {path.name: describe(path) for path in mine}
+            # A file DCP wrote some other way (none in torch 2.13.0) is read back instead.
+            files = {path.name: written.get(path.name) or describe(path) for path in mine}
         private = f"{rank_name(self.rank)}.pkl"
         files[private] = write_bytes(durable / private, job.private_blob)
         fsync_dir(durable)
@@ -736,6 +792,18 @@ class CheckpointManager:
         fsync_dir(self.config.root)
         write_atomic(self.config.root / LATEST, f"{step}\n".encode())
         retain(self.config.root, self.config.keep)
+
+
+def _new_stager() -> DefaultStager:
+    cuda = torch.cuda.is_available()
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=cuda,
+            use_shared_memory=False,
+            use_async_staging=True,
+            use_non_blocking_copy=cuda,
+        )
+    )
 
 
 def json_bytes(obj: Any, indent: int | None = None) -> bytes:

@@ -4,8 +4,8 @@ the restricted readers. No training state and no collectives here (those are che
 Layout under the durable root (``TRAINSTACK_CHECKPOINT_DIR``, default ``/checkpoints``)::
 
     step-000000120/            committed: renamed from .tmp only after manifest.json exists
-      manifest.json            written last by rank 0: format, step, world size, size+sha256
-                               of every file below
+      manifest.json            written last by rank 0: format, step, world size, size and
+                               checksum (xxh3_128) of every file below
       .metadata                torch.distributed.checkpoint's index (written by its coordinator)
       __0_0.distcp             DCP data: the model/optimizer tensors rank 0 wrote
       __1_0.distcp             ... rank 1's share (replicated tensors are written once)
@@ -27,17 +27,21 @@ import os
 import pickle
 import re
 import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import xxhash
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
-from .exitcodes import ConfigError
+from .exitcodes import ConfigError, StorageError
 
 log = logging.getLogger("trainstack.checkpoint")
 
@@ -85,30 +89,46 @@ def write_atomic(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+# File checksums. The manifest's checksums catch storage faults: torn or truncated writes, bit
+# rot, a copy that went wrong. They are not a signature (whoever can rewrite a file can rewrite
+# the manifest), so a fast non-cryptographic hash with 128 bits is the right tool: xxh3_128
+# (xxHash, BSD-2) runs at several GB/s per core where sha256 ran at ~1 GB/s on the same machine
+# (docs/runtime.md, Benchmark), and the checksum is computed on the bytes as they are written
+# (ChecksumFileSystem) instead of by reading each file back after fsync -- a read-back right
+# after writing comes from the page cache, so it proved nothing the write-side checksum does not.
+# Checkpoints of this format written before the switch carry "sha256"; verify() checks either.
+CHECKSUM = "xxh3_128"
+
+
+def _new_hash() -> xxhash.xxh3_128:
+    return xxhash.xxh3_128()
+
+
 def write_bytes(path: Path, data: bytes) -> dict[str, Any]:
     with open(path, "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
-    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return {"size": len(data), CHECKSUM: xxhash.xxh3_128_hexdigest(data)}
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
+def file_checksum(path: Path, algorithm: str = CHECKSUM) -> str:
+    h: Any = _new_hash() if algorithm == CHECKSUM else hashlib.new(algorithm)
     with open(path, "rb") as fh:
         while chunk := fh.read(_CHUNK):
             h.update(chunk)
-    return h.hexdigest()
+    return str(h.hexdigest())
 
 
 def describe(path: Path) -> dict[str, Any]:
-    return {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    return {"size": path.stat().st_size, CHECKSUM: file_checksum(path)}
 
 
-def copy_verified(src: Path, dst: Path) -> dict[str, Any]:
-    """Copy from the local tier to the durable one (fsync); the checksum is of the bytes read
-    back from the local disk, so a bad local copy fails the commit rather than the resume."""
-    h = hashlib.sha256()
+def copy_verified(src: Path, dst: Path, expected: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Copy from the local tier to the durable one (fsync). The checksum is of the bytes read
+    back from the local disk and, given ``expected`` (what the writer checksummed as it wrote),
+    must match it: a bad local copy fails the commit rather than the resume."""
+    h = _new_hash()
     size = 0
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         while chunk := fin.read(_CHUNK):
@@ -117,7 +137,85 @@ def copy_verified(src: Path, dst: Path) -> dict[str, Any]:
             size += len(chunk)
         fout.flush()
         os.fsync(fout.fileno())
-    return {"size": size, "sha256": h.hexdigest()}
+    got = {"size": size, CHECKSUM: h.hexdigest()}
+    if expected is not None and expected != got:
+        raise StorageError(
+            f"{src}: read back from the local checkpoint tier as {got}, written as {expected}: "
+            "the node's disk returned different bytes"
+        )
+    return got
+
+
+class _ChecksumStream(io.RawIOBase):
+    """A file being written, checksummed on the way (DCP writes through ``write``, asks
+    ``tell`` for offsets and ``fileno`` for fsync: filesystem.py, ``_write_files_from_queue``)."""
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__()
+        self.raw = raw
+        self.hash = _new_hash()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        n = int(self.raw.write(b))
+        view = memoryview(b)
+        # A buffered file takes all of b or raises; a raw one may take a prefix.
+        self.hash.update(view if n == view.nbytes else view.cast("B")[:n])
+        self.size += n
+        return n
+
+    def tell(self) -> int:
+        return int(self.raw.tell())
+
+    def fileno(self) -> int:
+        return int(self.raw.fileno())
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+class ChecksumFileSystem(FileSystem):
+    """DCP's local file system with the checksum of every file it writes, by file name
+    (renames carry it: the index is written as ``.metadata.tmp`` and renamed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()  # FileSystemWriter(thread_count>1) writes from threads
+        self.written: dict[str, dict[str, Any]] = {}
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with super().create_stream(path, mode) as raw:
+            stream = _ChecksumStream(raw)
+            yield stream
+            raw.flush()
+        with self._lock:
+            self.written[Path(path).name] = {"size": stream.size, CHECKSUM: stream.hash.hexdigest()}
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        super().rename(path, new_path)
+        with self._lock:
+            entry = self.written.pop(Path(path).name, None)
+            if entry is not None:
+                self.written[Path(new_path).name] = entry
+
+
+class ChecksumWriter(FileSystemWriter):
+    """FileSystemWriter whose files come with their checksums (``self.fs.written``)."""
+
+    fs: ChecksumFileSystem
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, sync_files=True)
+        self.fs = ChecksumFileSystem()
+        self.path = self.fs.init_path(path)
 
 
 # --- verification ---------------------------------------------------------------------------
@@ -157,8 +255,8 @@ def verify(  # noqa: PLR0911 - one exit per defect
     directory: Path, *, checksums: bool = True, share: tuple[int, int] = (0, 1)
 ) -> Verdict:
     """Check a committed checkpoint: manifest readable, every file present with its size, and
-    the sha256 of the files in this caller's ``share`` = (index, count): file ``i`` (sorted by
-    name) is hashed by the caller with ``i % count == index``, so ranks verify in parallel."""
+    the checksum of the files in this caller's ``share`` = (index, count): file ``i`` (sorted
+    by name) is hashed by the caller with ``i % count == index``, so ranks verify in parallel."""
     manifest, reason = read_manifest(directory)
     if manifest is None:
         return Verdict(False, reason)
@@ -178,8 +276,12 @@ def verify(  # noqa: PLR0911 - one exit per defect
             return Verdict(False, f"missing file {name}")
         if size != meta.get("size"):
             return Verdict(False, f"{name}: size {size} != manifest {meta.get('size')}")
-        if checksums and i % count == index and sha256_file(path) != meta.get("sha256"):
-            return Verdict(False, f"{name}: sha256 mismatch")
+        if checksums and i % count == index:
+            algorithm = next((a for a in (CHECKSUM, "sha256") if a in meta), None)
+            if algorithm is None:
+                return Verdict(False, f"{name}: no checksum in the manifest")
+            if file_checksum(path, algorithm) != meta[algorithm]:
+                return Verdict(False, f"{name}: {algorithm} mismatch")
     return Verdict(True, manifest=manifest)
 
 

@@ -1,0 +1,135 @@
+"""Replicated state is staged and written once across ranks, not once per rank.
+
+DCP writes each replicated tensor from one rank (``dedup_save_plans``,
+torch/distributed/checkpoint/_dedup_save_plans.py), but the runtime staged the whole state on
+every rank first: with DDP each rank copied the full model and optimizer to host memory to
+write half of it. From the second save on (the first compares replicated tensors across ranks)
+each rank stages only the tensors ``writers`` assigns to it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.runtime.harness import HAVE_TORCH
+
+pytestmark = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
+
+if HAVE_TORCH:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.staging import DefaultStager
+    from torch.multiprocessing.spawn import start_processes
+    from torch.nn.parallel import DistributedDataParallel
+    from trainstack_runtime.checkpoint import (
+        CheckpointConfig,
+        CheckpointManager,
+        TrainState,
+        _nbytes,
+        own_share,
+        step_dir_name,
+        writers,
+    )
+    from trainstack_runtime.ckptfiles import MANIFEST
+
+
+@given(
+    sizes=st.lists(st.integers(0, 1 << 20), min_size=1, max_size=40),
+    world=st.integers(1, 8),
+    rank0_count=st.integers(0, 3),
+)
+def test_every_replicated_tensor_has_one_writer_and_the_load_is_balanced(
+    sizes: list[int], world: int, rank0_count: int
+) -> None:
+    tree = {"model": {f"t{i}": torch.empty(n, dtype=torch.uint8) for i, n in enumerate(sizes)}}
+    rank0 = frozenset(f"model.t{i}" for i in range(min(rank0_count, len(sizes))))
+    owner = writers(tree, world, rank0)
+    assert set(owner) == {f"model.t{i}" for i in range(len(sizes))}
+    assert all(owner[name] == 0 for name in rank0)
+    assert owner == writers(tree, world, rank0)  # the same on every rank
+    # The shares, staged separately, add up to the whole state, each tensor once.
+    shares = [own_share(tree, lambda name, r=r: owner[name] == r) for r in range(world)]
+    assert sum(_nbytes(share) for share in shares) == sum(sizes)
+    free = [sum(n for i, n in enumerate(sizes) if owner[f"model.t{i}"] == r) for r in range(world)]
+    pinned = sum(n for i, n in enumerate(sizes) if f"model.t{i}" in rank0)
+    # Greedy largest-first onto the least loaded rank: apart from what rank 0 must write,
+    # no rank ends more than one tensor above another.
+    if not rank0:
+        assert max(free) - min(free) <= max(sizes)
+    assert free[0] >= pinned
+
+
+def test_dropping_keeps_names_and_leaves_lists_whole() -> None:
+    a, b, c = torch.ones(2), torch.ones(3), torch.ones(4)
+    tree: dict[str, Any] = {"m": {"a": a, "b": b}, "groups": [{"lr": 0.1, "c": c}], "n": 3}
+    share = own_share(tree, lambda name: name in {"m.a", "groups.0.c"})
+    assert share == {"m": {"a": a}, "groups": [{"lr": 0.1, "c": c}], "n": 3}
+    assert share["m"]["a"] is a  # tensors are not copied
+    assert tree["m"] == {"a": a, "b": b}  # the live tree is untouched
+    assert own_share(tree, lambda _: False)["groups"] == [{"lr": 0.1}]
+
+
+def _worker(rank: int, root: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=2)
+    staged: list[int] = []
+    original = DefaultStager.stage
+
+    def record(self: DefaultStager, tree: Any, **kw: Any) -> Any:
+        staged.append(_nbytes(tree))
+        return original(self, tree, **kw)
+
+    DefaultStager.stage = record  # type: ignore[method-assign]  # this process only (spawn)
+    try:
+        torch.manual_seed(0)
+        model = DistributedDataParallel(_model())
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        mgr = CheckpointManager(CheckpointConfig(root=Path(root) / "ckpt"), rank=rank, world_size=2)
+        for step in (1, 2, 3):
+            opt.zero_grad()
+            model(torch.randn(4, 256)).sum().backward()
+            opt.step()
+            mgr.save(step, TrainState(model, opt), blocking=True)
+        mgr.close()
+        if rank == 0:
+            torch.save((model.module.state_dict(), opt.state_dict()), Path(root, "expected.pt"))
+    finally:
+        Path(root, f"staged-{rank}").write_text(json.dumps(staged))
+        dist.destroy_process_group()
+
+
+def _model() -> torch.nn.Sequential:
+    return torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(6)))
+
+
+def test_ddp_ranks_stage_their_share_after_the_first_save(tmp_path: Path) -> None:
+    start_processes(  # type: ignore[no-untyped-call]
+        _worker, args=(str(tmp_path),), nprocs=2, join=True, start_method="spawn"
+    )
+    staged = [json.loads((tmp_path / f"staged-{r}").read_text()) for r in (0, 1)]
+    full = staged[0][0]
+    assert staged[1][0] == full  # the first save compares every replicated tensor
+    for later in (1, 2):
+        assert staged[0][later] + staged[1][later] == full  # then each tensor once
+        assert 0.4 * full < staged[1][later] < 0.6 * full
+    files = json.loads((tmp_path / "ckpt" / step_dir_name(3) / MANIFEST).read_text())["files"]
+    assert 0.4 * full < files["__1_0.distcp"]["size"] < 0.6 * full
+    # The shares make one whole checkpoint: one process restores exactly what rank 0 had.
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    mgr = CheckpointManager(CheckpointConfig(root=tmp_path / "ckpt"))
+    assert mgr.restore(TrainState(model, opt)) == 3
+    mgr.close()
+    expected_model, expected_opt = torch.load(tmp_path / "expected.pt")
+    for key, value in expected_model.items():
+        assert torch.equal(model.state_dict()[key], value), key
+    got = opt.state_dict()["state"]
+    for index, entry in expected_opt["state"].items():
+        for key, value in entry.items():
+            assert torch.equal(got[index][key], value), (index, key)
