@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import random
+import threading
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -212,6 +215,41 @@ def test_save_does_not_read_its_data_back(tmp_path: Path, monkeypatch: pytest.Mo
     newest = _committed(tmp_path)
     monkeypatch.undo()
     assert verify(newest).ok
+
+
+def _record_crcs(raw: bytes) -> list[int]:
+    with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+        return [i.CRC for i in archive.infolist()]
+
+
+def test_checkpoint_records_skip_torch_crc_but_other_saves_keep_it(tmp_path: Path) -> None:
+    """The writer thread turns off torch.save's per-record CRC-32 (the file checksum covers
+    those bytes); the switch must reach torch (it fails here if torch stops reading
+    ``get_crc32_options``) and must not leak into torch.save calls of other threads."""
+    newest = _committed(tmp_path)
+    infos = SafeReader(newest).read_metadata().storage_data.values()
+    assert infos
+    for info in infos:
+        raw = (newest / info.relative_path).read_bytes()[info.offset : info.offset + info.length]
+        assert set(_record_crcs(raw)) == {0}, info
+
+    inside, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with ckptfiles.without_record_crc32():
+            inside.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        buf = io.BytesIO()
+        torch.save(torch.ones(1000), buf)
+        assert 0 not in _record_crcs(buf.getvalue())
+    finally:
+        release.set()
+        thread.join()
 
 
 def test_checkpoints_with_sha256_checksums_still_verify(tmp_path: Path) -> None:

@@ -39,7 +39,9 @@ import xxhash
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.planner import ReadItem, SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
 
 from .exitcodes import ConfigError, StorageError
 
@@ -207,15 +209,46 @@ class ChecksumFileSystem(FileSystem):
                 self.written[Path(new_path).name] = entry
 
 
+# torch.save computes a CRC-32 of every zip record it writes (torch.serialization
+# ``get_crc32_options``, default on; software CRC, ~1 s of CPU per GB here), and DCP's writer
+# serialises each tensor with torch.save (filesystem.py, ``_write_item``) without a way to turn
+# it off. The file checksum above already covers every byte, so the writer thread skips it;
+# the switch is per thread, so torch.save anywhere else in the process keeps its CRCs. Records
+# without one load normally (``set_crc32_options`` docs: "torch.load will be able to load the
+# file"); tests/runtime/test_checkpoint.py checks both, and that torch still reads the option.
+_no_record_crc = threading.local()
+_torch_crc32_option = torch.serialization.get_crc32_options
+
+
+def _crc32_option() -> bool:
+    return False if getattr(_no_record_crc, "on", False) else _torch_crc32_option()
+
+
+@contextmanager
+def without_record_crc32() -> Iterator[None]:
+    """torch.save in this thread writes no per-record CRC-32 while the block runs."""
+    torch.serialization.get_crc32_options = _crc32_option  # delegates outside such blocks
+    _no_record_crc.on = True
+    try:
+        yield
+    finally:
+        _no_record_crc.on = False
+
+
 class ChecksumWriter(FileSystemWriter):
-    """FileSystemWriter whose files come with their checksums (``self.fs.written``)."""
+    """FileSystemWriter whose files come with their checksums (``self.fs.written``), written
+    in the calling thread (``thread_count=1``) without torch.save's per-record CRC-32."""
 
     fs: ChecksumFileSystem
 
     def __init__(self, path: Path) -> None:
-        super().__init__(path, sync_files=True)
+        super().__init__(path, sync_files=True, thread_count=1)
         self.fs = ChecksumFileSystem()
         self.path = self.fs.init_path(path)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        with without_record_crc32():
+            return super().write_data(plan, planner)
 
 
 # --- verification ---------------------------------------------------------------------------
