@@ -66,19 +66,18 @@ from .ckptfiles import (
     DCP_METADATA,
     FORMAT,
     LATEST,
-    LEGACY_FORMATS,
     MANIFEST,
     ChecksumWriter,
     SafeLoadPlanner,
     SafeReader,
     Verdict,
+    check_candidate,
     committed_steps,
     copy_verified,
     data_files,
     describe,
     dumps_private,
     fsync_dir,
-    legacy_error,
     loads_private,
     quarantine_dir,
     rank_name,
@@ -491,12 +490,7 @@ class CheckpointManager:
             )
         for step in reversed(steps):
             directory = self.config.root / step_dir_name(step)
-            result = verify(directory, share=(self.rank, self.world_size))
-            fmt = (result.manifest or {}).get("format")
-            if fmt in LEGACY_FORMATS:
-                raise legacy_error(directory, fmt)
-            if not result.ok:
-                log.error("checkpoint %s is invalid (%s)", directory, result.reason)
+            result = check_candidate(directory, share=(self.rank, self.world_size))
             if self._all(result.ok):
                 assert result.manifest is not None
                 return step, result.manifest

@@ -330,17 +330,26 @@ def committed_steps(root: Path) -> list[int]:
     return sorted(steps)
 
 
+def check_candidate(directory: Path, share: tuple[int, int] = (0, 1)) -> Verdict:
+    """One step of the newest-first walk over committed checkpoints: ``verify`` this caller's
+    share; a checkpoint of an earlier format stops the walk (``legacy_error``: refused, not
+    quarantined), damage is logged and left to the caller to quarantine."""
+    result = verify(directory, share=share)
+    fmt = (result.manifest or {}).get("format")
+    if fmt in LEGACY_FORMATS:
+        raise legacy_error(directory, fmt)
+    if not result.ok:
+        log.error("checkpoint %s is invalid (%s)", directory, result.reason)
+    return result
+
+
 def select_checkpoint(root: Path, *, quarantine: bool = True) -> int | None:
     """Newest verified step under ``root`` for a single process; corrupt ones are moved aside.
     None: start fresh. (Jobs verify in parallel across ranks: CheckpointManager.restore.)"""
     for step in reversed(committed_steps(root)):
         directory = root / step_dir_name(step)
-        result = verify(directory)
-        if result.ok:
+        if check_candidate(directory).ok:
             return step
-        if result.manifest is not None and result.manifest.get("format") in LEGACY_FORMATS:
-            raise legacy_error(directory, result.manifest["format"])
-        log.error("checkpoint %s is invalid (%s); falling back", directory, result.reason)
         if quarantine:
             quarantine_dir(directory)
     return None
