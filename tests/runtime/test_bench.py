@@ -3,18 +3,23 @@
 No wall-clock assertions: timings belong to the benchmark's own run (docs/runtime.md), not to
 tests. What is checked is the harness: every figure present for the four configurations, the
 A/A figure formed from two measurements of the same no-checkpoint arm, the arms' order varied
-between repeats with a fixed seed, and checkpoints only where they belong.
+between repeats with a fixed seed, checkpoints only where they belong, and the runtime-overhead
+loop's ratio and its A/A control formed alike, per cycle of interleaved steps.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import statistics
+from pathlib import Path
 
 import pytest
 
 from tests.runtime.harness import HAVE_TORCH
 
 if HAVE_TORCH:
+    import torch
     from trainstack_runtime import bench
 
 pytestmark = [
@@ -41,7 +46,11 @@ def test_quick_run_prints_the_figures_and_an_aa_control_of_one_arm(
     for name in (*bench.MAPS, "target_met"):
         assert set(result[name]) == {"ddp_50m", "ddp_200m", "fsdp2_50m", "fsdp2_200m"}, name
     assert result["world_size"] == 2
-    assert {"runtime_overhead_ratio", "runtime_overhead_aa_ratio"} <= set(result)
+    assert {
+        "runtime_overhead_ratio",
+        "runtime_overhead_aa_ratio",
+        "runtime_overhead_ratio_spread",
+    } <= set(result)
 
     for key in bench.KEYS:
         detail = result["detail"][key]
@@ -72,3 +81,33 @@ def test_arm_order_alternates_with_a_fixed_seed() -> None:
     assert len({tuple(o) for o in orders}) > 1
     # each arm goes first in some repeat and not in all of them
     assert {o[0] for o in orders} != {orders[0][0]}
+
+
+def test_overhead_and_aa_are_paired_per_cycle_ratios_of_interleaved_steps(tmp_path: Path) -> None:
+    threads = torch.get_num_threads()
+    o = bench.bench_overhead(12, 2, 16, tmp_path, threads=1)
+    assert torch.get_num_threads() == threads  # process-wide setting restored
+    arms = ("plain", "plain2", "runtime")
+    steps = o["step_s"]
+    assert all(len(steps[arm]) == 12 for arm in arms)  # one step per arm and cycle
+    # Both ratios are formed the same way: per cycle, against the plain step of that cycle.
+    plain = steps["plain"]
+    overhead = [r / p for p, r in zip(plain, steps["runtime"], strict=True)]
+    aa = [a / p for p, a in zip(plain, steps["plain2"], strict=True)]
+    # (rel: the step times come back rounded to the nanosecond)
+    assert o["overhead_ratio"] == pytest.approx(statistics.median(overhead), rel=1e-4)
+    assert o["aa_ratio"] == pytest.approx(statistics.median(aa), rel=1e-4)
+    lo, hi = o["overhead_ratio_spread"]
+    assert min(overhead) - 1e-5 <= lo <= hi <= max(overhead) + 1e-5
+    # The orders: all six, each arm in each position equally often, and in the stream of
+    # steps no arm right after itself and each after each other arm equally often.
+    orders = o["orders"]
+    assert sorted(map(tuple, orders)) == sorted(
+        (a, b, c) for a in arms for b in arms for c in arms if len({a, b, c}) == 3
+    )
+    stream = [arm for order in orders * 2 for arm in order]
+    pairs = list(itertools.pairwise(stream))[: 3 * len(orders)]
+    assert all(a != b for a, b in pairs)
+    assert {pairs.count((a, b)) for a in arms for b in arms if a != b} == {3}
+    # No checkpoint: the runtime arm polls but never saves.
+    assert not any(tmp_path.joinpath("overhead").glob("step-*"))
