@@ -60,6 +60,21 @@ def test_the_agents_arguments_are_ones_its_cli_accepts(stack: str) -> None:
     assert args.allow_source == cache_sources(cfg)
 
 
+@pytest.mark.parametrize("stack", ["dev", "onprem"])
+def test_a_hung_agent_is_restarted_by_a_liveness_probe_of_its_csi_server(stack: str) -> None:
+    agent = cache.daemonset(platform(stack))["spec"]["template"]["spec"]["containers"][0]
+    probe = agent["livenessProbe"]
+    command = probe["exec"]["command"]
+    assert command[0] == "trainstack-prewarm"  # the image's entrypoint, on its PATH
+    args = build_parser().parse_args(command[1:])
+    assert args.subcommand == "probe"
+    served = build_parser().parse_args(cache.agent_args(platform(stack)))
+    assert args.csi_endpoint == served.csi_endpoint  # the socket the agent serves
+    # The CLI's deadline fits in the kubelet's, and a busy agent gets a minute, not a period.
+    assert args.timeout < probe["timeoutSeconds"] <= probe["periodSeconds"]
+    assert probe["failureThreshold"] * probe["periodSeconds"] >= 60
+
+
 def test_the_agent_may_read_the_dataset_repository_and_nothing_else() -> None:
     prod = platform("prod")  # Lustre's data repository; with a cache added
     storage = dataclasses.replace(prod.storage, nvme_cache=NvmeCache("/mnt/trainstack-cache", 8))

@@ -9,21 +9,26 @@ allows it. What this does and does not prove: docs/testing.md, "Dataset cache ag
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.wrappers_pb2 import BoolValue
 from trainstack_prewarm import cache, csi_proto
 from trainstack_prewarm.agent import CacheAgent, VersionRequest
+from trainstack_prewarm.cli import main
 from trainstack_prewarm.csi import DRIVER_NAME, serve
+from trainstack_prewarm.errors import ExitCode
 from trainstack_prewarm.fetch import Fetcher, FetchOptions
 from trainstack_prewarm.sources import open_source
 
@@ -85,6 +90,7 @@ class Node:
     mounter: RecordingMounter
     root: Path
     pods: Path
+    socket: Path
 
     def publish(
         self, volume_id: str, dataset: str, version: str, source: str, *, timeout: float = 60
@@ -170,6 +176,7 @@ def make_node(
             mounter,
             root,
             tmp_path / "pods",
+            sock,
         )
 
     yield make
@@ -287,6 +294,87 @@ def test_a_failed_fill_is_reported_and_the_next_publish_tries_again(
     assert node.mounter.calls == []
     node.publish("csi-pod-a", "ds", "v2", f"s3://{bucket}/ds/v2/")
     assert node.agent.fills_started == 2
+
+
+def probe_cli(sock: Path, timeout: float = 5) -> subprocess.CompletedProcess[str]:
+    """The DaemonSet's liveness command (builders/cache.py), as the kubelet execs it."""
+    cmd = ["probe", "--csi-endpoint", f"unix://{sock}", "--timeout", str(timeout)]
+    return subprocess.run(
+        [sys.executable, "-m", "trainstack_prewarm", *cmd],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_liveness_probe_passes_on_a_serving_agent_and_fails_without_one(
+    make_node: Callable[..., Node],
+) -> None:
+    node = make_node(name="probed")
+    ok = probe_cli(node.socket)
+    assert (ok.returncode, ok.stdout, ok.stderr) == (0, "", "")  # silent every period
+
+    gone = node.socket.with_name("nobody.sock")  # no agent serving: fails at once
+    failed = probe_cli(gone)
+    assert failed.returncode == ExitCode.UNHEALTHY
+    (error,) = [json.loads(line) for line in failed.stderr.splitlines()]
+    assert error["event"] == "error"
+    assert error["kind"] == "AgentUnhealthyError"
+    assert error["error"].startswith(f"CSI Probe on unix://{gone}: UNAVAILABLE")
+
+
+@pytest.fixture
+def identity_server(csi: tuple[Any, Any]) -> Iterator[Callable[[Callable[[], Any]], Path]]:
+    """A CSI Identity server on a unix socket whose Probe runs ``answer``: a wedged or
+    initializing agent, which the real one cannot be made to be on demand."""
+    _, stubs = csi
+    servers: list[Any] = []
+    sockets = Path(tempfile.mkdtemp(prefix="csi-", dir="/tmp"))
+
+    def start(answer: Callable[[], Any]) -> Path:
+        class Identity(stubs.IdentityServicer):  # type: ignore[misc]
+            def Probe(self, _request: Any, _context: Any) -> Any:
+                return answer()
+
+        sock = sockets / f"{len(servers)}.sock"
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        stubs.add_IdentityServicer_to_server(Identity(), server)
+        server.add_insecure_port(f"unix://{sock}")
+        server.start()
+        servers.append(server)
+        return sock
+
+    yield start
+    for server in servers:
+        server.stop(grace=None)
+    shutil.rmtree(sockets, ignore_errors=True)
+
+
+def test_the_liveness_probe_fails_on_a_hung_or_unready_agent_and_follows_the_spec_on_ready(
+    csi: tuple[Any, Any], identity_server: Callable[[Callable[[], Any]], Path]
+) -> None:
+    pb2, _ = csi
+    release = threading.Event()
+    hung = identity_server(lambda: release.wait(30) and pb2.ProbeResponse())
+    unready = identity_server(lambda: pb2.ProbeResponse(ready=BoolValue(value=False)))
+    ready = identity_server(lambda: pb2.ProbeResponse(ready=BoolValue(value=True)))
+    try:
+        logs = LogCapture()
+        argv = ["probe", "--csi-endpoint", f"unix://{hung}", "--timeout", "0.5"]
+        assert main(argv, log=logs) == ExitCode.UNHEALTHY
+        (error,) = logs.events("error")
+        assert "DEADLINE_EXCEEDED after at most 0.5s" in error["error"]
+    finally:
+        release.set()
+
+    logs = LogCapture()
+    assert main(["probe", "--csi-endpoint", f"unix://{unready}"], log=logs) == ExitCode.UNHEALTHY
+    assert logs.events("error")[0]["error"].endswith("answered ready=false")
+    # "If not present, the caller SHALL assume that the plugin is in a ready state" (the
+    # agent's own answer, above); true is ready too.
+    assert main(["probe", "--csi-endpoint", f"unix://{ready}"], log=LogCapture()) == ExitCode.OK
+    assert main(["probe", "--timeout", "0"], log=LogCapture()) == ExitCode.USAGE
 
 
 def _unshare_works() -> bool:

@@ -37,6 +37,14 @@ REGISTRATION_DIR: Final = f"{KUBELET_DIR}/plugins_registry"
 SOCKET: Final = "csi.sock"
 CACHE_ROOT: Final = "/cache"  # the node's cache directory inside the agent
 START_JITTER_S: Final = 10  # spreads the first requests of a fleet's nodes (issue 24 #2)
+# The agent's liveness probe (`trainstack-prewarm probe`: CSI Identity.Probe on its socket),
+# because a hung gRPC server leaves every pod that mounts the cache on its node in
+# ContainerCreating while the process looks alive. Probes queue behind publishes for the
+# server's 16 workers (a publish waits up to 60 s for its fill), so only three unanswered
+# probes in a row (about a minute) restart it; the CLI's 5 s deadline leaves the exec its
+# Python start-up within the kubelet's 10 s.
+PROBE_TIMEOUT_S: Final = 5
+LIVENESS: Final = {"periodSeconds": 20, "timeoutSeconds": 10, "failureThreshold": 3}
 
 
 def node_request_rate(budget: float, nodes: int) -> float:
@@ -125,6 +133,14 @@ def agent_args(cfg: PlatformConfig) -> list[str]:
     return args
 
 
+def probe_command() -> list[str]:
+    return [
+        "trainstack-prewarm", "probe",
+        "--csi-endpoint", f"unix:///csi/{SOCKET}",
+        "--timeout", str(PROBE_TIMEOUT_S),
+    ]  # fmt: skip
+
+
 def _host(name: str, path: str, kind: str) -> dict[str, Any]:
     return {"name": name, "hostPath": {"path": path, "type": kind}}
 
@@ -140,6 +156,10 @@ def daemonset(cfg: PlatformConfig) -> dict[str, Any]:
         # Bind mounts into pods need CAP_SYS_ADMIN and Bidirectional propagation, which the
         # API allows only to privileged containers.
         "securityContext": {"privileged": True, "runAsUser": 0, "runAsNonRoot": False},
+        "livenessProbe": {
+            "exec": {"command": probe_command()},
+            **LIVENESS,
+        },
         "resources": {
             "requests": {"cpu": "500m", "memory": "1Gi"},
             "limits": {"cpu": "4", "memory": "4Gi"},

@@ -247,6 +247,23 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--fill-workers", type=_positive_int, default=4, metavar="N")
     _add_fetch_tuning(agent)
 
+    probe = sub.add_parser(
+        "probe",
+        help="exit 0 only if the node agent answers the CSI Identity.Probe ready (liveness)",
+    )
+    probe.add_argument(
+        "--csi-endpoint",
+        default=os.environ.get("CSI_ENDPOINT", "unix:///csi/csi.sock"),
+        help="the agent's socket (default: $CSI_ENDPOINT or %(default)s)",
+    )
+    probe.add_argument(
+        "--timeout",
+        type=_non_negative,
+        default=5.0,
+        metavar="SECONDS",
+        help="how long the agent may take to answer (default %(default)s)",
+    )
+
     wait = sub.add_parser("wait", help="poll until the cache is complete, then verify it")
     _add_target(wait, allow_dir=True)
     wait.add_argument("--timeout", type=_non_negative, default=3600.0, metavar="SECONDS")
@@ -346,6 +363,14 @@ def _agent(args: argparse.Namespace, log: JsonLog) -> int:
     server = csi.serve(agent, args.csi_endpoint, args.node_id, publish_wait_s=args.publish_wait)
     server.wait_for_termination()
     return ExitCode.OK
+
+
+def _probe(args: argparse.Namespace) -> int:
+    """The agent's liveness check: its CSI server answers, not just its process runs."""
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be > 0")
+    csi.probe(args.csi_endpoint, timeout_s=args.timeout)
+    return ExitCode.OK  # silent: the kubelet runs this every period
 
 
 def _check(args: argparse.Namespace, log: JsonLog, vdir: Path) -> None:
@@ -452,6 +477,7 @@ def main(
         "verify": lambda: _verify(args, log, sleep, clock, execvp),
         "evict": lambda: _evict(args, log),
         "agent": lambda: _agent(args, log),
+        "probe": lambda: _probe(args),
         "wait": lambda: _wait(args, log, sleep, clock),
     }
     try:

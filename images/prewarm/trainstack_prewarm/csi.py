@@ -22,6 +22,7 @@ import grpc
 from trainstack_prewarm import __version__, csi_proto
 from trainstack_prewarm.agent import CacheAgent, PublishPending, VersionRequest
 from trainstack_prewarm.errors import (
+    AgentUnhealthyError,
     LocalCacheError,
     LockTimeoutError,
     PrewarmError,
@@ -133,3 +134,28 @@ def serve(
     server.start()
     agent.log("csi_serving", endpoint=f"unix://{path}", driver=DRIVER_NAME, node=node_id)
     return server
+
+
+def probe(endpoint: str, *, timeout_s: float) -> None:
+    """Call Identity.Probe on ``endpoint`` as the kubelet's liveness check would; return if the
+    agent answers ready within ``timeout_s``, else raise :class:`AgentUnhealthyError`.
+
+    The same server answers NodePublishVolume, so a hung server fails this where a check of
+    the process or the socket file would not. No wait-for-ready: a socket nobody serves fails
+    at once (UNAVAILABLE) instead of using up the timeout.
+    """
+    pb2, stubs = csi_proto.load()
+    path = endpoint.removeprefix("unix://")
+    with grpc.insecure_channel(f"unix://{path}") as channel:
+        try:
+            response = stubs.IdentityStub(channel).Probe(pb2.ProbeRequest(), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            name = code.name if isinstance(code, grpc.StatusCode) else str(code)
+            raise AgentUnhealthyError(
+                f"CSI Probe on unix://{path}: {name} after at most {timeout_s:g}s: {exc.details()}"
+            ) from None
+    # CSI spec, ProbeResponse.ready: "If not present, the caller SHALL assume that the plugin
+    # is in a ready state"; false means still initializing.
+    if response.HasField("ready") and not response.ready.value:
+        raise AgentUnhealthyError(f"CSI Probe on unix://{path}: answered ready=false")

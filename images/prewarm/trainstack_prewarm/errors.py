@@ -17,6 +17,7 @@ class ExitCode(IntEnum):
     INTEGRITY = 6  # size/checksum mismatch that persisted through every attempt
     LOCAL = 7  # the local cache cannot be written: no space, permissions, bad layout
     LOCK_TIMEOUT = 8  # another fetcher held this dataset version longer than --lock-timeout
+    UNHEALTHY = 9  # probe: the agent's CSI Identity.Probe failed, timed out or said not ready
 
 
 class PrewarmError(Exception):
@@ -69,3 +70,9 @@ class LocalCacheError(PrewarmError):
 
 class LockTimeoutError(PrewarmError):
     exit_code = ExitCode.LOCK_TIMEOUT
+
+
+class AgentUnhealthyError(PrewarmError):
+    """The node agent did not answer the CSI Identity.Probe ready: its liveness check fails."""
+
+    exit_code = ExitCode.UNHEALTHY
