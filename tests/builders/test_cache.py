@@ -75,6 +75,19 @@ def test_a_hung_agent_is_restarted_by_a_liveness_probe_of_its_csi_server(stack: 
     assert probe["failureThreshold"] * probe["periodSeconds"] >= 60
 
 
+def test_the_registrar_image_is_the_platforms_choice() -> None:
+    cfg = platform("dev")
+    assert cfg.storage.nvme_cache is not None
+    assert cfg.storage.nvme_cache.registrar_image == (
+        "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.13.0"  # the default
+    )
+    mirror = "mirror.example.com/sig-storage/csi-node-driver-registrar@sha256:" + "0" * 64
+    nvme = dataclasses.replace(cfg.storage.nvme_cache, registrar_image=mirror)
+    cfg = dataclasses.replace(cfg, storage=dataclasses.replace(cfg.storage, nvme_cache=nvme))
+    _, registrar = cache.daemonset(cfg)["spec"]["template"]["spec"]["containers"]
+    assert registrar["image"] == mirror
+
+
 def test_the_agent_may_read_the_dataset_repository_and_nothing_else() -> None:
     prod = platform("prod")  # Lustre's data repository; with a cache added
     storage = dataclasses.replace(prod.storage, nvme_cache=NvmeCache("/mnt/trainstack-cache", 8))

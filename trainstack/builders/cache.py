@@ -28,9 +28,6 @@ from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig
 # = trainstack_prewarm.csi.DRIVER_NAME (tests/builders/test_cache.py holds them equal).
 DRIVER: Final = CACHE_DRIVER
 NAME: Final = "trainstack-cache-agent"
-# kubernetes-csi/node-driver-registrar (registry.k8s.io/sig-storage); it registers the
-# agent's socket with the kubelet's plugin watcher.
-REGISTRAR_IMAGE: Final = "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.13.0"
 KUBELET_DIR: Final = "/var/lib/kubelet"
 PLUGIN_DIR: Final = f"{KUBELET_DIR}/plugins/{DRIVER}"
 REGISTRATION_DIR: Final = f"{KUBELET_DIR}/plugins_registry"
@@ -176,7 +173,7 @@ def daemonset(cfg: PlatformConfig) -> dict[str, Any]:
     }
     registrar: dict[str, Any] = {
         "name": "node-driver-registrar",
-        "image": REGISTRAR_IMAGE,
+        "image": cache.registrar_image,  # storage.nvmeCache.registrarImage
         "args": [
             f"--csi-address=/csi/{SOCKET}",
             f"--kubelet-registration-path={PLUGIN_DIR}/{SOCKET}",

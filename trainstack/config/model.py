@@ -245,6 +245,9 @@ class NvmeCache:
     # Prefixes the node agent may fetch from, besides the Lustre data repository.
     sources: tuple[str, ...] = ()
     agent_image: str = "registry.example.com/trainstack/prewarm:0.1.0"
+    # kubernetes-csi/node-driver-registrar: registers the agent's socket with the kubelet's
+    # plugin watcher. A tag by default; production pins it by digest or names a mirror.
+    registrar_image: str = "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.13.0"
     # Requests/s all agents together may send to one source; each agent's ceiling is its share
     # (trainstack.builders.cache.node_request_rate). Default: half of S3's 5,500 GET/s/prefix.
     request_rate_budget: float = 2750.0

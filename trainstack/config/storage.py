@@ -334,6 +334,7 @@ def build_storage(
             volumes_per_node=raw["volumesPerNode"],
             sources=tuple(raw["sources"]),
             agent_image=raw["agentImage"],
+            registrar_image=raw["registrarImage"],
             request_rate_budget=float(raw["requestRateBudget"]),
         )
     checkpoints = storage["checkpoints"]
