@@ -81,6 +81,23 @@ def test_arm_order_alternates_with_a_fixed_seed() -> None:
     assert len({tuple(o) for o in orders}) > 1
     # each arm goes first in some repeat and not in all of them
     assert {o[0] for o in orders} != {orders[0][0]}
+    assert bench.arm_orders(4, seed=1) != bench.arm_orders(4, seed=22)
+
+
+@pytest.mark.parametrize("n", [2, 4, 6, 8])
+def test_williams_square_balances_position_and_carryover(n: int) -> None:
+    rows = bench.williams(n)
+    for position in range(n):
+        assert sorted(row[position] for row in rows) == list(range(n))
+    follows = [pair for row in rows for pair in itertools.pairwise(row)]
+    assert sorted(follows) == [(a, b) for a in range(n) for b in range(n) if a != b]
+
+
+def test_four_repeats_run_each_arm_after_each_other_arm_once() -> None:
+    orders = bench.arm_orders(4, seed=22)
+    assert all(sorted(order) == sorted(bench.ARMS) for order in orders)
+    follows = [pair for order in orders for pair in itertools.pairwise(order)]
+    assert len(follows) == len(set(follows)) == 12
 
 
 def test_overhead_and_aa_are_paired_per_cycle_ratios_of_interleaved_steps(tmp_path: Path) -> None:
