@@ -27,7 +27,7 @@ from google.protobuf.wrappers_pb2 import BoolValue
 from trainstack_prewarm import cache, csi_proto
 from trainstack_prewarm.agent import CacheAgent, VersionRequest
 from trainstack_prewarm.cli import main
-from trainstack_prewarm.csi import DRIVER_NAME, serve
+from trainstack_prewarm.csi import DRIVER_NAME, RESERVED_WORKERS, serve
 from trainstack_prewarm.errors import ExitCode
 from trainstack_prewarm.fetch import Fetcher, FetchOptions
 from trainstack_prewarm.sources import open_source
@@ -140,6 +140,7 @@ def make_node(
         root: Path | None = None,
         name: str = "agent",
         mounter: RecordingMounter | None = None,
+        workers: int = 16,
     ) -> Node:
         pb2, stubs = csi
         client = s3_server.client()
@@ -164,7 +165,7 @@ def make_node(
         )
         agent.recover()  # as the agent does before it serves
         sock = sockets / f"{name}.sock"
-        server = serve(agent, f"unix://{sock}", NODE)
+        server = serve(agent, f"unix://{sock}", NODE, workers=workers)
         servers.append(server)
         channel = grpc.insecure_channel(f"unix://{sock}")
         return Node(
@@ -322,6 +323,37 @@ def test_the_liveness_probe_passes_on_a_serving_agent_and_fails_without_one(
     assert error["event"] == "error"
     assert error["kind"] == "AgentUnhealthyError"
     assert error["error"].startswith(f"CSI Probe on unix://{gone}: UNAVAILABLE")
+
+
+def test_pods_waiting_for_a_fill_leave_the_liveness_probe_a_thread(
+    make_node: Callable[..., Node], s3_server: S3Server, bucket: str
+) -> None:
+    """Publishes wait up to a minute for a fill on the server's threads; had they taken every
+    thread, Probe would time out and the kubelet would restart a busy, healthy agent."""
+    upload(s3_server.client(), bucket, "big/v1", make_files(2, salt="busy"))
+    source = f"s3://{bucket}/big/v1/"
+    gate = threading.Event()
+    node = make_node(gate=gate, workers=RESERVED_WORKERS + 1, name="busy")  # one publisher
+    done: list[Path] = []
+    first = threading.Thread(target=lambda: done.append(node.publish("csi-a", "big", "v1", source)))
+    first.start()
+    try:
+        logs = node.agent.log
+        assert isinstance(logs, LogCapture)
+        for _ in range(600):  # the first publish is waiting for the held fill
+            if logs.events("fill_started") or logs.events("fill_joined"):
+                break
+            threading.Event().wait(0.05)
+        with pytest.raises(grpc.RpcError) as busy:
+            node.publish("csi-b", "big", "v1", source, timeout=10)
+        assert busy.value.code() == grpc.StatusCode.ABORTED  # the kubelet retries it
+        assert "being published on this node" in (busy.value.details() or "")
+        assert probe_cli(node.socket).returncode == 0
+    finally:
+        gate.set()
+        first.join(timeout=60)
+    assert done
+    node.publish("csi-b", "big", "v1", source)  # the retry, once a thread is free
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ that failed, FAILED_PRECONDITION with the fetcher's message (seen in the pod's e
 
 from __future__ import annotations
 
+import threading
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,10 @@ POD_NAME_KEY = "csi.storage.k8s.io/pod.name"
 # Leave the kubelet's call this much of its deadline to receive our answer.
 DEADLINE_MARGIN_S = 5.0
 DEFAULT_PUBLISH_WAIT_S = 60.0
+# Server threads never given to publishes that wait for a fill: Probe (the liveness check),
+# NodeUnpublishVolume and the info calls must answer while a crowd of pods waits for a fetch,
+# else the kubelet's liveness probe restarts a busy, healthy agent.
+RESERVED_WORKERS = 4
 
 
 def _code(exc: PrewarmError) -> grpc.StatusCode:
@@ -50,10 +55,16 @@ def _code(exc: PrewarmError) -> grpc.StatusCode:
 
 
 def servicers(
-    agent: CacheAgent, node_id: str, *, publish_wait_s: float = DEFAULT_PUBLISH_WAIT_S
+    agent: CacheAgent,
+    node_id: str,
+    *,
+    publish_wait_s: float = DEFAULT_PUBLISH_WAIT_S,
+    max_publishing: int = 12,
 ) -> tuple[Any, Any]:
-    """(IdentityServicer, NodeServicer) instances bound to ``agent``."""
+    """(IdentityServicer, NodeServicer) instances bound to ``agent``; at most
+    ``max_publishing`` NodePublishVolume calls run at once (the rest: ABORTED, retried)."""
     pb2, stubs = csi_proto.load()
+    publishing = threading.BoundedSemaphore(max_publishing)
     identity_base: Any = stubs.IdentityServicer
     node_base: Any = stubs.NodeServicer
 
@@ -86,6 +97,11 @@ def servicers(
             remaining = context.time_remaining()
             if remaining is not None:
                 wait_s = min(wait_s, remaining - DEADLINE_MARGIN_S)
+            if not publishing.acquire(blocking=False):
+                context.abort(
+                    grpc.StatusCode.ABORTED,
+                    f"{max_publishing} volumes are being published on this node; retrying",
+                )
             try:
                 req = VersionRequest.from_attributes(attrs)
                 agent.publish(request.volume_id, Path(request.target_path), req, wait_s=wait_s)
@@ -98,6 +114,8 @@ def servicers(
                     error=exc.message,
                 )
                 context.abort(_code(exc), exc.message)
+            finally:
+                publishing.release()
             return pb2.NodePublishVolumeResponse()
 
         def NodeUnpublishVolume(self, request: Any, context: Any) -> Any:
@@ -126,8 +144,12 @@ def serve(
     _, stubs = csi_proto.load()
     path = endpoint.removeprefix("unix://")
     Path(path).unlink(missing_ok=True)  # a socket left by the previous agent
+    if workers <= RESERVED_WORKERS:
+        raise ValueError(f"workers={workers}: more than {RESERVED_WORKERS} needed")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
-    identity, node = servicers(agent, node_id, publish_wait_s=publish_wait_s)
+    identity, node = servicers(
+        agent, node_id, publish_wait_s=publish_wait_s, max_publishing=workers - RESERVED_WORKERS
+    )
     stubs.add_IdentityServicer_to_server(identity, server)
     stubs.add_NodeServicer_to_server(node, server)
     server.add_insecure_port(f"unix://{path}")
