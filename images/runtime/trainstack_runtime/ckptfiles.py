@@ -19,10 +19,13 @@ Layout under the durable root (``TRAINSTACK_CHECKPOINT_DIR``, default ``/checkpo
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import io
 import json
 import logging
+import mmap
 import os
 import pickle
 import re
@@ -179,6 +182,104 @@ class _ChecksumStream(io.RawIOBase):
         self.raw.flush()
 
 
+# Checkpoint files are written with O_DIRECT where the file system takes it (ext4/xfs on the
+# node's disk, Lustre, NFS): through the page cache, the writer thread spent ~1.4 s of kernel
+# time per GB copying into it, allocating and reclaiming pages and writing them back, all taken
+# from the training processes on a busy node (measured per thread, docs/runtime.md, Benchmark),
+# and every checkpoint pushed the node's cached dataset out of memory. open(2): O_DIRECT needs
+# buffers, lengths and offsets aligned to the block size, so writes go through one page-aligned
+# buffer; the tail that is not a whole block is written after O_DIRECT is switched off
+# (fcntl F_SETFL). A file system that refuses it (EINVAL: tmpfs, some FUSE) is written as usual.
+_DIRECT_ALIGN = 4096
+_DIRECT_BUFFER = 8 << 20
+
+
+class DirectFile:
+    """A new file written with O_DIRECT through an aligned buffer (see above). ``flush`` keeps
+    the buffer (O_DIRECT cannot write a partial block); ``fileno()`` -- which DCP asks for
+    only to fsync -- and ``close()`` write everything first."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        direct = getattr(os, "O_DIRECT", 0)
+        try:
+            self._fd = os.open(path, flags | direct, 0o666)
+            self.direct = bool(direct)
+        except OSError as err:
+            if err.errno != errno.EINVAL:
+                raise
+            self._fd = os.open(path, flags, 0o666)
+            self.direct = False
+        self._buf = mmap.mmap(-1, _DIRECT_BUFFER)  # anonymous mappings are page-aligned
+        self._view = memoryview(self._buf)
+        self._fill = 0
+        self._pos = 0
+
+    def write(self, b: Any) -> int:
+        data = memoryview(b).cast("B")
+        n, off = data.nbytes, 0
+        while off < n:
+            take = min(n - off, _DIRECT_BUFFER - self._fill)
+            self._view[self._fill : self._fill + take] = data[off : off + take]
+            self._fill += take
+            off += take
+            if self._fill == _DIRECT_BUFFER:
+                self._drain(_DIRECT_BUFFER)
+        self._pos += n
+        return n
+
+    def _drain(self, length: int) -> None:
+        """Write the buffer's first ``length`` bytes, keep the rest at its start."""
+        done = 0
+        while done < length:
+            try:
+                done += os.write(self._fd, self._view[done:length])
+            except OSError as err:
+                if err.errno != errno.EINVAL or not self.direct:
+                    raise
+                self._buffered()  # mounted where O_DIRECT opens but does not write
+        rest = self._fill - length
+        if rest:
+            self._view[:rest] = self._view[length : self._fill]
+        self._fill = rest
+
+    def _buffered(self) -> None:
+        flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
+        fcntl.fcntl(self._fd, fcntl.F_SETFL, flags & ~getattr(os, "O_DIRECT", 0))
+        self.direct = False
+
+    def _finish(self) -> None:
+        if self._fill == 0:
+            return
+        whole = self._fill - self._fill % _DIRECT_ALIGN if self.direct else self._fill
+        if whole:
+            self._drain(whole)
+        if self._fill:
+            self._buffered()
+            self._drain(self._fill)
+
+    def tell(self) -> int:
+        return self._pos
+
+    def flush(self) -> None:
+        pass  # see the class doc
+
+    def fileno(self) -> int:
+        self._finish()
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd < 0:
+            return
+        try:
+            self._finish()
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+            self._view.release()
+            self._buf.close()
+
+
 class ChecksumFileSystem(FileSystem):
     """DCP's local file system with the checksum of every file it writes, by file name
     (renames carry it: the index is written as ``.metadata.tmp`` and renamed)."""
@@ -194,10 +295,12 @@ class ChecksumFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        with super().create_stream(path, mode) as raw:
+        raw = DirectFile(path)
+        try:
             stream = _ChecksumStream(raw)
             yield stream
-            raw.flush()
+        finally:
+            raw.close()
         with self._lock:
             self.written[Path(path).name] = {"size": stream.size, CHECKSUM: stream.hash.hexdigest()}
 
