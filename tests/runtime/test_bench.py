@@ -13,6 +13,7 @@ import itertools
 import json
 import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,7 +44,7 @@ def test_quick_run_prints_the_figures_and_an_aa_control_of_one_arm(
     last = capsys.readouterr().out.strip().splitlines()[-1]
     result = json.loads(last)
     assert set(REQUIRED) <= set(bench.MAPS)
-    for name in (*bench.MAPS, "target_met"):
+    for name in (*bench.MAPS, "target_met", "loss_below_floor"):
         assert set(result[name]) == {"ddp_50m", "ddp_200m", "fsdp2_50m", "fsdp2_200m"}, name
     assert result["world_size"] == 2
     assert {
@@ -64,9 +65,11 @@ def test_quick_run_prints_the_figures_and_an_aa_control_of_one_arm(
         assert detail["saves_per_window"]["B"] == [plan["steps"] // plan["every"]] * repeats
         assert len(detail["sync_save_s"]) == repeats
         assert len(detail["async_stall_s"]) == repeats * plan["steps"] // plan["every"]
-        # The A/A control is A2 against A of the same repeat; the loss is B against that A.
+        # The A/A control is A2 against A of the same repeat; the loss is B against the mean
+        # of that repeat's A and A2.
         aa = [a2 / a - 1 for a, a2 in zip(walls["A"], walls["A2"], strict=True)]
-        loss = [b / a - 1 for a, b in zip(walls["A"], walls["B"], strict=True)]
+        plain = [(a + a2) / 2 for a, a2 in zip(walls["A"], walls["A2"], strict=True)]
+        loss = [b / ref - 1 for ref, b in zip(plain, walls["B"], strict=True)]
         assert result["aa_control_spread"][key] == [round(min(aa), 5), round(max(aa), 5)]
         assert result["goodput_loss_spread"][key] == [round(min(loss), 5), round(max(loss), 5)]
         # Every repeat runs every arm once, in an order that is not always the same.
@@ -82,6 +85,28 @@ def test_arm_order_alternates_with_a_fixed_seed() -> None:
     # each arm goes first in some repeat and not in all of them
     assert {o[0] for o in orders} != {orders[0][0]}
     assert bench.arm_orders(4, seed=1) != bench.arm_orders(4, seed=22)
+
+
+def _detail(a: list[float], a2: list[float], b: list[float]) -> dict[str, Any]:
+    return {
+        "plan": {"steps": 10, "every": 10, "repeats": len(a)},
+        "wall_s": {"A": a, "A2": a2, "B": b},
+        "sync_save_s": [1.0] * len(a),
+        "async_stall_s": [0.01] * len(a),
+        "persist_s": [1.0] * len(a),
+        "step_s": 1.0,
+    }
+
+
+def test_a_loss_below_its_floor_is_not_a_target_met() -> None:
+    """Checkpoints cannot make training faster: a loss whose whole spread is below 0 is a
+    wrong measurement, however small, and the loss is against the mean of A and A'."""
+    fine = _detail([10.0, 10.2, 9.8, 10.0], [10.2, 10.0, 10.0, 9.8], [10.3, 10.1, 10.4, 9.9])
+    biased = _detail([10.0, 10.2, 9.8, 10.0], [10.2, 10.0, 10.0, 9.8], [9.5, 9.6, 9.4, 9.7])
+    out = bench.summarize({"ddp_50m": fine, "fsdp2_50m": biased})
+    assert out["loss_below_floor"] == {"ddp_50m": False, "fsdp2_50m": True}
+    assert out["target_met"] == {"ddp_50m": True, "fsdp2_50m": False}
+    assert out["goodput_loss_spread"]["ddp_50m"][0] == round(9.9 / 9.9 - 1, 5)
 
 
 @pytest.mark.parametrize("n", [2, 4, 6, 8])
