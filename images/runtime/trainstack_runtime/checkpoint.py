@@ -261,7 +261,7 @@ def _digest(tree: dict[str, Any], skip: frozenset[str]) -> int:
     """Of the plain tensors in a staged tree (not DTensor shards, not ``skip``): 63 bits."""
     h = xxhash.xxh3_64()
     for key, value in sorted(_flat_keys(tree).items()):
-        if key in skip or not isinstance(value, torch.Tensor) or isinstance(value, DTensor):
+        if key in skip or not _plain(value):
             continue
         h.update(key.encode())
         host = value.detach().reshape(-1)
@@ -386,11 +386,10 @@ class CheckpointManager:
         self._on_commit = on_commit
         self._faults = Injector(rank, attempt)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt")
-        # One stager for the run (after the first save of replicated state: see
-        # _stage_shares_only): it keeps its host copies (pinned with CUDA) and reuses them, so
-        # a save allocates no new host memory after the first.
+        # One stager for the run (replaced once for replicated state: see save()): it keeps
+        # its host copies (pinned with CUDA) and reuses them, so a save allocates no new host
+        # memory after the first.
         self._stager = _new_stager()
-        self._shares_only = False
         self._job: _Job | None = None
         self._saves = 0
         self._restored_rng: dict[str, Any] | None = None
@@ -594,7 +593,13 @@ class CheckpointManager:
             # across ranks), each rank stages and writes only its share.
             owner = writers(tree, self.world_size, buffers)
             tree = own_share(tree, lambda name: owner.get(name, self.rank) == self.rank)
-            self._stage_shares_only()
+            if self._saves == 1:
+                # The stager keeps a host copy of every tensor it ever staged (keyed by the
+                # live tensor's storage), so the first save's full copies would stay
+                # allocated: start a fresh one, sized to this rank's share. Nothing is
+                # staging (wait() ran).
+                self._stager.close()
+                self._stager = _new_stager()
         part = tree if state.replicated else tree[rank_name(self.rank)]
         # Forward changes buffers (BatchNorm statistics): copy them now. Parameters and
         # optimizer state change only in optimizer.step(), which waits for the staging.
@@ -620,15 +625,6 @@ class CheckpointManager:
         if blocking:
             self.wait()
         self.last_stall_s = time.perf_counter() - t0
-
-    def _stage_shares_only(self) -> None:
-        """The stager keeps a host copy of every tensor it ever staged (keyed by the live
-        tensor's storage), so the first save's full copies would stay allocated: start a
-        fresh one, sized to this rank's share. Nothing is staging (``wait()`` ran)."""
-        if not self._shares_only:
-            self._stager.close()
-            self._stager = _new_stager()
-            self._shares_only = True
 
     def _tree(self, state: TrainState) -> dict[str, Any]:
         """The DCP state dict: model and optimizer (FQN keys, DTensor shards as they are)."""

@@ -151,37 +151,6 @@ def copy_verified(src: Path, dst: Path, expected: dict[str, Any] | None = None) 
     return got
 
 
-class _ChecksumStream(io.RawIOBase):
-    """A file being written, checksummed on the way (DCP writes through ``write``, asks
-    ``tell`` for offsets and ``fileno`` for fsync: filesystem.py, ``_write_files_from_queue``)."""
-
-    def __init__(self, raw: Any) -> None:
-        super().__init__()
-        self.raw = raw
-        self.hash = _new_hash()
-        self.size = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b: Any) -> int:
-        n = int(self.raw.write(b))
-        view = memoryview(b)
-        # A buffered file takes all of b or raises; a raw one may take a prefix.
-        self.hash.update(view if n == view.nbytes else view.cast("B")[:n])
-        self.size += n
-        return n
-
-    def tell(self) -> int:
-        return int(self.raw.tell())
-
-    def fileno(self) -> int:
-        return int(self.raw.fileno())
-
-    def flush(self) -> None:
-        self.raw.flush()
-
-
 # Checkpoint files are written with O_DIRECT where the file system takes it (ext4/xfs on the
 # node's disk, Lustre, NFS): through the page cache, the writer thread spent ~1.4 s of kernel
 # time per GB copying into it, allocating and reclaiming pages and writing them back, all taken
@@ -194,12 +163,16 @@ _DIRECT_ALIGN = 4096
 _DIRECT_BUFFER = 8 << 20
 
 
-class DirectFile:
-    """A new file written with O_DIRECT through an aligned buffer (see above). ``flush`` keeps
-    the buffer (O_DIRECT cannot write a partial block); ``fileno()`` -- which DCP asks for
-    only to fsync -- and ``close()`` write everything first."""
+class DirectFile(io.RawIOBase):
+    """A new file written with O_DIRECT through an aligned buffer (see above), checksummed on
+    the way (``hash``; DCP writes through ``write``, asks ``tell`` for offsets and ``fileno``
+    for fsync: filesystem.py, ``_write_files_from_queue``). ``flush`` keeps the buffer
+    (O_DIRECT cannot write a partial block); ``fileno()`` -- which DCP asks for only to
+    fsync -- and ``close()`` write everything first."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__()
+        self.hash = _new_hash()
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         direct = getattr(os, "O_DIRECT", 0)
         try:
@@ -215,8 +188,12 @@ class DirectFile:
         self._fill = 0
         self._pos = 0
 
+    def writable(self) -> bool:
+        return True
+
     def write(self, b: Any) -> int:
         data = memoryview(b).cast("B")
+        self.hash.update(data)
         n, off = data.nbytes, 0
         while off < n:
             take = min(n - off, _DIRECT_BUFFER - self._fill)
@@ -278,6 +255,7 @@ class DirectFile:
             self._fd = -1
             self._view.release()
             self._buf.close()
+            super().close()
 
 
 class ChecksumFileSystem(FileSystem):
@@ -286,7 +264,8 @@ class ChecksumFileSystem(FileSystem):
 
     def __init__(self) -> None:
         super().__init__()
-        self._lock = threading.Lock()  # FileSystemWriter(thread_count>1) writes from threads
+        # One writing thread (ChecksumWriter: thread_count=1, which the per-thread CRC switch
+        # below needs too), so no lock.
         self.written: dict[str, dict[str, Any]] = {}
 
     @contextmanager
@@ -295,21 +274,18 @@ class ChecksumFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        raw = DirectFile(path)
+        stream = DirectFile(path)
         try:
-            stream = _ChecksumStream(raw)
             yield stream
         finally:
-            raw.close()
-        with self._lock:
-            self.written[Path(path).name] = {"size": stream.size, CHECKSUM: stream.hash.hexdigest()}
+            stream.close()
+        self.written[Path(path).name] = {"size": stream.tell(), CHECKSUM: stream.hash.hexdigest()}
 
     def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
         super().rename(path, new_path)
-        with self._lock:
-            entry = self.written.pop(Path(path).name, None)
-            if entry is not None:
-                self.written[Path(new_path).name] = entry
+        entry = self.written.pop(Path(path).name, None)
+        if entry is not None:
+            self.written[Path(new_path).name] = entry
 
 
 # torch.save computes a CRC-32 of every zip record it writes (torch.serialization
@@ -388,7 +364,7 @@ def legacy_error(directory: Path, fmt: object) -> ConfigError:
 
 
 def verify(  # noqa: PLR0911 - one exit per defect
-    directory: Path, *, checksums: bool = True, share: tuple[int, int] = (0, 1)
+    directory: Path, *, share: tuple[int, int] = (0, 1)
 ) -> Verdict:
     """Check a committed checkpoint: manifest readable, every file present with its size, and
     the checksum of the files in this caller's ``share`` = (index, count): file ``i`` (sorted
@@ -412,7 +388,7 @@ def verify(  # noqa: PLR0911 - one exit per defect
             return Verdict(False, f"missing file {name}")
         if size != meta.get("size"):
             return Verdict(False, f"{name}: size {size} != manifest {meta.get('size')}")
-        if checksums and i % count == index:
+        if i % count == index:
             algorithm = next((a for a in (CHECKSUM, "sha256") if a in meta), None)
             if algorithm is None:
                 return Verdict(False, f"{name}: no checksum in the manifest")
