@@ -36,10 +36,11 @@ CACHE_ROOT: Final = "/cache"  # the node's cache directory inside the agent
 START_JITTER_S: Final = 10  # spreads the first requests of a fleet's nodes (issue 24 #2)
 # The agent's liveness probe (`trainstack-prewarm probe`: CSI Identity.Probe on its socket),
 # because a hung gRPC server leaves every pod that mounts the cache on its node in
-# ContainerCreating while the process looks alive. Probes queue behind publishes for the
-# server's 16 workers (a publish waits up to 60 s for its fill), so only three unanswered
-# probes in a row (about a minute) restart it; the CLI's 5 s deadline leaves the exec its
-# Python start-up within the kubelet's 10 s.
+# ContainerCreating while the process looks alive. Publishes (each may wait up to 60 s for
+# its fill) never take the server's last 4 threads (trainstack_prewarm.csi.RESERVED_WORKERS),
+# so a probe is answered while pods wait; three unanswered probes in a row (about a minute)
+# restart it; the CLI's 5 s deadline leaves the exec its Python start-up within the
+# kubelet's 10 s.
 PROBE_TIMEOUT_S: Final = 5
 LIVENESS: Final = {"periodSeconds": 20, "timeoutSeconds": 10, "failureThreshold": 3}
 

@@ -42,6 +42,7 @@ DEFAULT_PUBLISH_WAIT_S = 60.0
 # NodeUnpublishVolume and the info calls must answer while a crowd of pods waits for a fetch,
 # else the kubelet's liveness probe restarts a busy, healthy agent.
 RESERVED_WORKERS = 4
+DEFAULT_WORKERS = 16
 
 
 def _code(exc: PrewarmError) -> grpc.StatusCode:
@@ -59,7 +60,7 @@ def servicers(
     node_id: str,
     *,
     publish_wait_s: float = DEFAULT_PUBLISH_WAIT_S,
-    max_publishing: int = 12,
+    max_publishing: int = DEFAULT_WORKERS - RESERVED_WORKERS,
 ) -> tuple[Any, Any]:
     """(IdentityServicer, NodeServicer) instances bound to ``agent``; at most
     ``max_publishing`` NodePublishVolume calls run at once (the rest: ABORTED, retried)."""
@@ -138,7 +139,7 @@ def serve(
     node_id: str,
     *,
     publish_wait_s: float = DEFAULT_PUBLISH_WAIT_S,
-    workers: int = 16,
+    workers: int = DEFAULT_WORKERS,
 ) -> grpc.Server:
     """Start the CSI server on ``endpoint`` (``unix:///csi/csi.sock`` or a path); returns it."""
     _, stubs = csi_proto.load()
