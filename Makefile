@@ -111,7 +111,7 @@ goldens: setup
 # Checkpoint cost (docs/runtime.md, Benchmark): DDP and FSDP2 at ~50M and ~200M parameters on 2
 # gloo workers: sync save, async stall, goodput loss with an A/A control; last line JSON.
 # BENCH_ARGS=--quick: tiny models, seconds (what tests/runtime/test_bench.py runs).
-## checkpoint cost benchmark of the runtime (~30 min on 2 cores; BENCH_ARGS=--quick)
+## checkpoint cost benchmark of the runtime (~45 min on 2 cores; BENCH_ARGS=--quick)
 bench-runtime: setup
 	$(BIN)/python -m trainstack_runtime.bench $(BENCH_ARGS)
 

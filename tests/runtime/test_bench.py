@@ -76,6 +76,21 @@ def test_quick_run_prints_the_figures_and_an_aa_control_of_one_arm(
         orders = detail["orders"]
         assert all(sorted(o) == sorted(bench.ARMS) for o in orders)
         assert orders == bench.arm_orders(repeats, result["seed"])
+        # Settling steps run before every window, off its clock, in each window arm alike;
+        # the log records what ran before each window (a carryover diagnosis needs it).
+        flat = [arm for order in orders for arm in order]
+        windows = [
+            (arm, before)
+            for arm, before in zip(flat, ["warm-up", *flat[:-1]], strict=True)
+            if arm != "S"
+        ]
+        assert [(arm, before) for arm, before, _ in detail["step_log"]] == windows
+        for _, _, steps in detail["step_log"]:
+            settle = plan["settle"]
+            assert settle >= 1
+            assert all(t < 0 for t in steps[:settle]), steps  # negative: untimed
+            assert len(steps) == settle + plan["steps"]
+            assert all(t >= 0 for t in steps[settle:]), steps
 
 
 def test_arm_order_alternates_with_a_fixed_seed() -> None:

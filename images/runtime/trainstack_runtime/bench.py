@@ -21,6 +21,8 @@ Each repeat runs the arms (no-checkpoint A, its twin A', checkpoints B, one sync
 order of one row of a Williams square (``arm_orders``): over 4 repeats each arm runs in each
 position once and follows each other arm once, so order effects and carryover fall on all arms
 alike; ratios are formed within a repeat and reported as the median and min-max over repeats.
+Every window (A, A', B) starts after a few untimed settling steps, and the warm-up holds the
+run's one-off saves (two), so what the arm before left behind is not on a window's clock.
 
 The last line printed is one JSON object: ``goodput_loss`` and ``async_stall_ratio`` (maps
 with the keys ddp_50m, ddp_200m, fsdp2_50m, fsdp2_200m; medians), their spreads, the A/A
@@ -97,21 +99,26 @@ class Plan:
     # time and N = K (one whole checkpoint per window), so the interval is one in seconds
     # whatever the machine's speed.
     interval_s: float = 0.0
+    # Untimed steps before every window (A, A', B): what the previous arm left behind (see
+    # docs/runtime.md, Benchmark) is worked off before the clock starts, the same for each arm.
+    settle: int = 0
 
 
 # ~50M: 12 x 2048^2 + biases = 50.4M; ~200M: 48 x 2048^2 = 201.4M parameters. The intervals:
-# docs/runtime.md (Benchmark) says why these, and at which interval 5 % would hold.
+# docs/runtime.md (Benchmark) says why these, and at which interval 5 % would hold. Settling:
+# ~3-5 s of untimed steps before each window (steps take ~0.7-1.1 s at 50M, ~2.7-4.8 s at 200M
+# here). steps and every (0): set from the interval in the run.
 FULL = (
-    Plan("ddp_50m", "ddp", 12, 2048, 16, steps=0, every=0, repeats=4, interval_s=20.0),
-    Plan("ddp_200m", "ddp", 48, 2048, 8, steps=0, every=0, repeats=4, interval_s=40.0),
-    Plan("fsdp2_50m", "fsdp2", 12, 2048, 16, steps=0, every=0, repeats=4, interval_s=20.0),
-    Plan("fsdp2_200m", "fsdp2", 48, 2048, 8, steps=0, every=0, repeats=4, interval_s=40.0),
+    Plan("ddp_50m", "ddp", 12, 2048, 16, 0, 0, repeats=4, interval_s=30.0, settle=4),
+    Plan("ddp_200m", "ddp", 48, 2048, 8, 0, 0, repeats=4, interval_s=60.0, settle=2),
+    Plan("fsdp2_50m", "fsdp2", 12, 2048, 16, 0, 0, repeats=4, interval_s=30.0, settle=4),
+    Plan("fsdp2_200m", "fsdp2", 48, 2048, 8, 0, 0, repeats=4, interval_s=60.0, settle=1),
 )
 QUICK = (
-    Plan("ddp_50m", "ddp", 2, 128, 8, steps=4, every=2, repeats=2),
-    Plan("ddp_200m", "ddp", 4, 128, 8, steps=4, every=2, repeats=2),
-    Plan("fsdp2_50m", "fsdp2", 2, 128, 8, steps=4, every=2, repeats=2),
-    Plan("fsdp2_200m", "fsdp2", 4, 128, 8, steps=4, every=2, repeats=2),
+    Plan("ddp_50m", "ddp", 2, 128, 8, steps=4, every=2, repeats=2, settle=1),
+    Plan("ddp_200m", "ddp", 4, 128, 8, steps=4, every=2, repeats=2, settle=1),
+    Plan("fsdp2_50m", "fsdp2", 2, 128, 8, steps=4, every=2, repeats=2, settle=1),
+    Plan("fsdp2_200m", "fsdp2", 4, 128, 8, steps=4, every=2, repeats=2, settle=1),
 )
 
 
@@ -208,30 +215,51 @@ class _Arms:
         self.persist: list[float] = []
         self.busy_at_save: list[bool] = []  # previous save still in flight: back-pressure
         self.overlap: list[int] = []  # steps run while each save was in flight
+        # Per window, in order: (arm, the arm before it, each step's seconds on this rank,
+        # settling steps first, negative); the raw data behind a carryover diagnosis.
+        self.step_log: list[tuple[str, str, list[float]]] = []
+        self.previous = "warm-up"
+        self.steps: list[float] = []  # the current window's
         self.state_bytes = 0
 
     def warm_up(self) -> None:
         trainer, mgr = self.trainer, self.mgr
         for _ in range(2):
             trainer.step()  # Adam state exists from here on: every save holds the same bytes
-        # A first save allocates the stager's host copies and compares replicated tensors
-        # across ranks once; both are one-offs of a run, not per-checkpoint costs.
-        self.label += 1
-        mgr.save(self.label, trainer.state, blocking=True)
+        # The first save allocates the stager's host copies and compares replicated tensors
+        # across ranks; the second restarts the stager on the rank's share of them (DDP). All
+        # one-offs of a run, not per-checkpoint costs: with one save here the first repeat's
+        # sync save took 1.15 s against 0.46-0.55 s after (fsdp2_50m, 2026-12-02).
+        for _ in range(2):
+            self.label += 1
+            mgr.save(self.label, trainer.state, blocking=True)
         warm = []
-        for _ in range(3):  # caches, allocator, the hook's first wait
+        for _ in range(6):  # caches, allocator, the hook's first wait
             t0 = time.perf_counter()
             trainer.step()
             warm.append(time.perf_counter() - t0)
         if self.plan.interval_s > 0:
-            slowest = torch.tensor([statistics.median(warm)])
+            # The step time from the last 3: the first steps after the saves run slow (1.2-1.8
+            # s against 1.05 s, fsdp2_50m), which set K too low (16.8 s windows for 20 s).
+            slowest = torch.tensor([statistics.median(warm[3:])])
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             every = max(1, round(self.plan.interval_s / float(slowest.item())))
             self.plan = dataclasses.replace(self.plan, every=every, steps=every)
 
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        self.trainer.step()
+        self.steps.append(time.perf_counter() - t0)
+
+    def settle(self) -> None:
+        for _ in range(self.plan.settle):
+            t0 = time.perf_counter()
+            self.trainer.step()
+            self.steps.append(-(time.perf_counter() - t0))
+
     def plain(self) -> None:
         for _ in range(self.plan.steps):
-            self.trainer.step()
+            self._step()
 
     def with_checkpoints(self) -> None:
         mgr, plan = self.mgr, self.plan
@@ -250,7 +278,7 @@ class _Arms:
                 if mgr.commits > commits:
                     self.persist.append(mgr.last_persist_s)
                 pending, since = mgr.last_stall_s, 0
-            self.trainer.step()
+            self._step()
             if mgr.in_flight():
                 since += 1
             mgr.poll()
@@ -264,15 +292,19 @@ class _Arms:
         self.mgr.save(self.label, self.trainer.state, blocking=True)
 
     def run(self, arm: str) -> None:
+        previous, self.previous = self.previous, arm
         if arm == "S":
             self.label += 1
             self.sync.append(_timed(self.blocking_save))
             if self.rank == 0:
                 self.state_bytes = _dir_bytes(self.root / step_dir_name(self.label))
             return
+        self.steps = []
+        self.settle()
         before = self.mgr.commits
         self.walls[arm].append(_timed(self.with_checkpoints if arm == "B" else self.plain))
         self.saves_in[arm].append(self.mgr.commits - before)
+        self.step_log.append((arm, previous, [round(t, 5) for t in self.steps]))
 
     def report(self, orders: list[list[str]]) -> dict[str, Any]:
         return {
@@ -288,6 +320,7 @@ class _Arms:
             "persist_s": self.persist,
             "backpressured_saves": sum(self.busy_at_save),
             "steps_overlapping_persist": self.overlap,
+            "step_log": self.step_log,
             "max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         }
 
@@ -537,10 +570,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny models, few steps (tests)")
     parser.add_argument("--seed", type=int, default=22, help="seed of the arms' order")
     parser.add_argument("--only", nargs="*", choices=KEYS, help="calibration: these configs")
+    parser.add_argument("--settle", type=int, default=None, help="calibration: settling steps")
     args = parser.parse_args(argv)
     plans: tuple[Plan, ...] = QUICK if args.quick else FULL
     if args.only:
         plans = tuple(p for p in plans if p.key in args.only)
+    if args.settle is not None:
+        plans = tuple(dataclasses.replace(p, settle=args.settle) for p in plans)
     overhead = (12, 2, 128) if args.quick else (300, 20, 1024)  # cycles, warm-up, width
     result = run(plans, scratch=args.dir, seed=args.seed, overhead=overhead)
     print(json.dumps(result, separators=(",", ":")), flush=True)
