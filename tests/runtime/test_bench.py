@@ -21,7 +21,7 @@ from tests.runtime.harness import HAVE_TORCH
 
 if HAVE_TORCH:
     import torch
-    from trainstack_runtime import bench
+    from trainstack_runtime import bench, bench_overhead
 
 pytestmark = [
     pytest.mark.slow,
@@ -142,7 +142,7 @@ def test_four_repeats_run_each_arm_after_each_other_arm_once() -> None:
 
 def test_overhead_and_aa_are_paired_per_cycle_ratios_of_interleaved_steps(tmp_path: Path) -> None:
     threads = torch.get_num_threads()
-    o = bench.bench_overhead(12, 2, 16, tmp_path, threads=1)
+    o = bench_overhead.bench_overhead(12, 2, 16, tmp_path, threads=1)
     assert torch.get_num_threads() == threads  # process-wide setting restored
     arms = ("plain", "plain2", "runtime")
     steps = o["step_s"]
