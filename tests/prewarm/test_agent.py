@@ -10,6 +10,7 @@ allows it. What this does and does not prove: docs/testing.md, "Dataset cache ag
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -25,12 +26,12 @@ import grpc
 import pytest
 from google.protobuf.wrappers_pb2 import BoolValue
 from trainstack_prewarm import cache, csi_proto
-from trainstack_prewarm.agent import CacheAgent, VersionRequest
-from trainstack_prewarm.cli import main
+from trainstack_prewarm.agent import CacheAgent, SystemMounter, VersionRequest
+from trainstack_prewarm.cli import build_agent, build_parser, main
 from trainstack_prewarm.csi import DRIVER_NAME, RESERVED_WORKERS, serve
-from trainstack_prewarm.errors import ExitCode
+from trainstack_prewarm.errors import ExitCode, SourceError
 from trainstack_prewarm.fetch import Fetcher, FetchOptions
-from trainstack_prewarm.sources import open_source
+from trainstack_prewarm.sources import ListPage, Source, open_source
 
 from tests.prewarm.conftest import (
     LogCapture,
@@ -39,6 +40,7 @@ from tests.prewarm.conftest import (
     make_files,
     read_tree,
     upload,
+    write_tree,
 )
 
 NODE = "node-a"
@@ -93,7 +95,14 @@ class Node:
     socket: Path
 
     def publish(
-        self, volume_id: str, dataset: str, version: str, source: str, *, timeout: float = 60
+        self,
+        volume_id: str,
+        dataset: str,
+        version: str,
+        source: str,
+        *,
+        timeout: float = 60,
+        readonly: bool = True,
     ) -> Path:
         target = self.pods / volume_id / "mount"
         target.parent.mkdir(parents=True, exist_ok=True)  # the kubelet makes the parent
@@ -101,7 +110,7 @@ class Node:
             self.pb2.NodePublishVolumeRequest(
                 volume_id=volume_id,
                 target_path=str(target),
-                readonly=True,
+                readonly=readonly,
                 volume_capability=self.pb2.VolumeCapability(
                     mount=self.pb2.VolumeCapability.MountVolume(),
                     access_mode=self.pb2.VolumeCapability.AccessMode(mode=1),
@@ -141,17 +150,25 @@ def make_node(
         name: str = "agent",
         mounter: RecordingMounter | None = None,
         workers: int = 16,
+        allowed: list[str] | None = None,
+        wrap: Callable[[Source], Source] | None = None,
     ) -> Node:
         pb2, stubs = csi
         client = s3_server.client()
         faults = S3Faults(client)
         logs = LogCapture()
         root = root or tmp_path / "cache"
+        allowed_sources = allowed if allowed is not None else [f"s3://{bucket}/"]
 
         def fill(req: VersionRequest) -> object:
             if gate is not None:
                 assert gate.wait(30)
-            source = open_source(req.source, s3_client_factory=lambda: client)
+            # As the agent opens a source (cli._agent): confined to its allowed prefixes.
+            source = open_source(
+                req.source, s3_client_factory=lambda: client, within=allowed_sources
+            )
+            if wrap is not None:
+                source = wrap(source)
             options = FetchOptions(concurrency=4, start_jitter_s=0.0)
             return Fetcher(source, root, req.dataset, req.version, options=options, log=logs).run()
 
@@ -160,7 +177,7 @@ def make_node(
             root,
             fill=fill,
             mounter=mounter,
-            allowed_sources=[f"s3://{bucket}/"],
+            allowed_sources=allowed_sources,
             log=logs,
         )
         agent.recover()  # as the agent does before it serves
@@ -283,6 +300,26 @@ def test_a_source_outside_the_platforms_prefixes_is_refused(
     assert node.mounter.calls == []
 
 
+def test_a_writable_publish_is_refused_before_anything_is_fetched(
+    make_node: Callable[..., Node], s3_server: S3Server, bucket: str
+) -> None:
+    """The kubelet sends `readonly` = the inline volume's `csi.readOnly`, false where the pod
+    leaves it out (k8s.io/kubernetes v1.37.2 pkg/volume/csi/csi_plugin.go NewMounter,
+    `readOnly = *volSrc.ReadOnly`; csi_mounter.go SetUpAt passes it to NodePublishVolume).
+    The agent publishes only shared, read-only versions, so it refuses the request (CSI spec
+    v1.12.0, "Error Scheme": a field the plugin does not allow is INVALID_ARGUMENT, and the
+    caller must fix it) rather than publish read-only what was asked for writable."""
+    upload(s3_server.client(), bucket, "ds/v4", make_files(2))
+    node = make_node()
+    with pytest.raises(grpc.RpcError) as refused:
+        node.publish("csi-pod-w", "ds", "v4", f"s3://{bucket}/ds/v4/", readonly=False)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "csi.readOnly: true" in (refused.value.details() or "")
+    assert node.faults.requests == []  # refused before any fill
+    assert node.mounter.calls == []
+    node.publish("csi-pod-w", "ds", "v4", f"s3://{bucket}/ds/v4/")  # fixed: published
+
+
 def test_a_failed_fill_is_reported_and_the_next_publish_tries_again(
     make_node: Callable[..., Node], s3_server: S3Server, bucket: str
 ) -> None:
@@ -295,6 +332,167 @@ def test_a_failed_fill_is_reported_and_the_next_publish_tries_again(
     assert node.mounter.calls == []
     node.publish("csi-pod-a", "ds", "v2", f"s3://{bucket}/ds/v2/")
     assert node.agent.fills_started == 2
+
+
+# ---- directory sources: a shared file system that other people can write -------------------
+
+SECRET = b"-----BEGIN PRIVATE KEY----- not the dataset's"
+
+
+@pytest.fixture
+def shared_fs(tmp_path: Path) -> Path:
+    """A Lustre-like tree: the allowed source root `sets/`, a sibling `setsX/`, and what
+    the agent (privileged, root) can read but no team may: `secret/`."""
+    fs = tmp_path / "fsx"
+    write_tree(fs / "sets" / "ds" / "v1", {"a.bin": b"dataset", "sub/b.bin": b"more"})
+    write_tree(fs / "setsX" / "ds" / "v1", {"key.pem": SECRET})
+    write_tree(fs / "secret" / "v1", {"key.pem": SECRET, "sub/b.bin": SECRET})
+    return fs
+
+
+def _cache_holds_no_secret(root: Path) -> None:
+    """Nothing outside the source was read into the cache: no file (temp files included)."""
+    if not root.exists():
+        return
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert SECRET not in path.read_bytes(), f"{path} holds bytes from outside the source"
+
+
+@pytest.mark.parametrize(
+    ("allowed", "source"),
+    [
+        ("{fs}/sets/", "{fs}/sets/../secret/v1/"),  # traversal out of the root
+        ("{fs}/sets/", "{fs}/sets/ds/./../../secret/v1/"),
+        ("{fs}/sets/", "{fs}/sets//ds/v1/"),  # not normalised: an empty segment
+        ("{fs}/sets", "{fs}/setsX/ds/v1/"),  # a sibling sharing the prefix's characters
+    ],
+    ids=["dotdot", "dot-dotdot", "empty-segment", "sibling"],
+)
+def test_a_directory_source_outside_its_root_is_refused_before_any_read(
+    make_node: Callable[..., Node], shared_fs: Path, allowed: str, source: str
+) -> None:
+    node = make_node(allowed=[allowed.format(fs=shared_fs)])
+    with pytest.raises(grpc.RpcError) as refused:
+        node.publish("csi-pod-t", "ds", "v1", source.format(fs=shared_fs))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert node.agent.fills_started == 0
+    assert node.mounter.calls == []
+    _cache_holds_no_secret(node.root)
+
+
+def test_a_directory_source_under_its_root_is_fetched(
+    make_node: Callable[..., Node], shared_fs: Path
+) -> None:
+    node = make_node(allowed=[f"{shared_fs}/sets/"])
+    node.publish("csi-pod-d", "ds", "v1", f"{shared_fs}/sets/ds/v1/")
+    assert read_tree(node.root / "ds" / "v1") == {"a.bin": b"dataset", "sub/b.bin": b"more"}
+
+
+def _plant(fs: Path, how: str) -> str:
+    """Someone who can write the shared file system plants a link; returns the version."""
+    version = fs / "sets" / "ds" / "v2"
+    write_tree(version, {"a.bin": b"dataset"})
+    if how == "file-link":
+        (version / "leak.pem").symlink_to(fs / "secret" / "v1" / "key.pem")
+    elif how == "dir-link":
+        (version / "more").symlink_to(fs / "secret" / "v1")
+    elif how == "deep-link":
+        write_tree(version / "x" / "y", {"ok.bin": b"ok"})
+        (version / "x" / "y" / "z").symlink_to(fs / "secret")
+    else:  # the version directory itself
+        shutil.rmtree(version)
+        version.symlink_to(fs / "secret" / "v1")
+    return f"{fs}/sets/ds/v2/"
+
+
+@pytest.mark.parametrize("how", ["file-link", "dir-link", "deep-link", "version-link"])
+def test_a_symlink_planted_in_a_directory_source_is_refused(
+    make_node: Callable[..., Node], shared_fs: Path, how: str
+) -> None:
+    """The agent reads as root; a link in a source others can write must never make it copy
+    a file from outside the source (the other teams would read it through the cache)."""
+    source = _plant(shared_fs, how)
+    node = make_node(allowed=[f"{shared_fs}/sets/"])
+    with pytest.raises(grpc.RpcError) as refused:
+        node.publish("csi-pod-l", "ds", "v2", source)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "symbolic link" in (refused.value.details() or "")
+    assert node.mounter.calls == []
+    _cache_holds_no_secret(node.root)
+
+
+@dataclass
+class SwapAfterListing:
+    """Lists the real source, then swaps a listed path for a link to a look-alike outside
+    it (same sizes and mtimes, so the listing's identities still match): a race between the
+    agent's listing and its reads, won by the writer."""
+
+    inner: Source
+    victim: Path  # a file, or a directory holding files
+    decoy: Path  # the same, outside the source
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def list_page(self, token: str | None) -> ListPage:
+        page = self.inner.list_page(token)
+        pairs = [(self.victim, self.decoy)]
+        if self.victim.is_dir():
+            pairs = [(f, self.decoy / f.name) for f in self.victim.iterdir()]
+        for real, fake in pairs:
+            st = real.stat()
+            os.utime(fake, ns=(st.st_atime_ns, st.st_mtime_ns))
+        shutil.rmtree(self.victim) if self.victim.is_dir() else self.victim.unlink()
+        self.victim.symlink_to(self.decoy)
+        return page
+
+
+@pytest.mark.parametrize("what", ["file", "directory"])
+def test_a_path_swapped_for_a_link_between_listing_and_reading_is_refused(
+    make_node: Callable[..., Node], shared_fs: Path, what: str
+) -> None:
+    version, outside = shared_fs / "sets" / "ds" / "v3", shared_fs / "secret" / "look-alike"
+    body = b"d" * len(SECRET)  # the decoys have the listed sizes: only the link differs
+    write_tree(version, {"a.bin": body, "sub/b.bin": body})
+    write_tree(outside, {"a.bin": SECRET, "sub/b.bin": SECRET})
+    victim = version / ("a.bin" if what == "file" else "sub")
+    decoy = outside / victim.name
+    node = make_node(
+        allowed=[f"{shared_fs}/sets/"],
+        wrap=lambda inner: SwapAfterListing(inner, victim, decoy),
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        node.publish("csi-pod-s", "ds", "v3", f"{version}/")
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "symbolic link" in (refused.value.details() or "")
+    assert node.mounter.calls == []
+    _cache_holds_no_secret(node.root)
+
+
+def test_the_agent_the_cli_builds_reads_directory_sources_beneath_their_root(
+    shared_fs: Path, tmp_path: Path
+) -> None:
+    """`trainstack-prewarm agent`'s own wiring (cli.build_agent), not the harness's: its
+    fills open sources within --allow-source, following no link; its mounter stages under
+    the cache's .agent directory."""
+    args = build_parser().parse_args(
+        ["agent", "--cache", str(tmp_path / "cache"), "--allow-source", f"{shared_fs}/sets/",
+         "--start-jitter", "0"]
+    )  # fmt: skip
+    default = build_agent(args, LogCapture())
+    assert isinstance(default.mounter, SystemMounter)
+    assert default.mounter.staging == tmp_path / "cache" / ".agent" / "staging"
+    default.close()
+    agent = build_agent(args, LogCapture(), mounter=RecordingMounter())
+    target = tmp_path / "pods" / "p" / "mount"
+    ok = VersionRequest(f"{shared_fs}/sets/ds/v1/", "ds", "v1")
+    assert agent.publish("csi-ok", target, ok, wait_s=30) == tmp_path / "cache" / "ds" / "v1"
+    linked = VersionRequest(_plant(shared_fs, "file-link"), "ds", "v2")
+    with pytest.raises(SourceError, match="symbolic link"):
+        agent.publish("csi-link", target.with_name("other"), linked, wait_s=30)
+    agent.close()
+    _cache_holds_no_secret(tmp_path / "cache")
 
 
 def probe_cli(sock: Path, timeout: float = 5) -> subprocess.CompletedProcess[str]:
@@ -417,11 +615,16 @@ def _unshare_works() -> bool:
 
 
 REAL_MOUNT = """
-import errno, sys
+import errno, subprocess, sys
 from pathlib import Path
-from trainstack_prewarm.agent import SystemMounter
-src, dst = Path(sys.argv[1]), Path(sys.argv[2])
-m = SystemMounter()
+from trainstack_prewarm.agent import SystemMounter, mount_points, _run_mount
+src, dst, staging = map(Path, sys.argv[1:4])
+
+def staged():
+    return [p for p in mount_points() if p.startswith(str(staging) + "/")]
+
+(staging / "bind-left-by-a-killed-agent").mkdir(parents=True)
+m = SystemMounter(staging=staging)
 m.bind_read_only(src, dst)
 assert m.is_mounted(dst)
 assert (dst / "data.bin").read_bytes() == b"payload"
@@ -431,9 +634,26 @@ except OSError as exc:
     assert exc.errno == errno.EROFS, exc
 else:
     raise AssertionError("the bind mount is writable")
+(src / "repair").write_bytes(b"x")  # the cache itself stays writable for the agent
+assert staged() == [] and list(staging.iterdir()) == [], "no staging mount or directory left"
 m.unmount(dst)
 assert not m.is_mounted(dst)
 assert not (dst / "data.bin").exists()
+
+# A step that fails leaves nothing mounted and no staging directory behind.
+for failing in ("remount,bind,ro", "--bind " + str(staging), "umount " + str(staging)):
+    def run(argv, failing=failing):
+        if failing in " ".join(argv):
+            raise OSError(f"{argv}: injected failure")
+        _run_mount(argv)
+    try:
+        SystemMounter(staging=staging, run=run).bind_read_only(src, dst)
+    except OSError as exc:
+        assert "injected" in str(exc), exc
+    else:
+        raise AssertionError(f"{failing}: no error")
+    assert not m.is_mounted(dst), failing
+    assert staged() == [] and list(staging.iterdir()) == [], failing
 print("ok")
 """
 
@@ -444,11 +664,108 @@ def test_the_real_mounter_binds_read_only_and_unmounts(tmp_path: Path) -> None:
     src.mkdir()
     dst.mkdir()
     (src / "data.bin").write_bytes(b"payload")
+    staging = tmp_path / ".agent" / "staging"
     run = subprocess.run(
-        ["unshare", "-rm", sys.executable, "-c", REAL_MOUNT, str(src), str(dst)],
+        ["unshare", "-rm", sys.executable, "-c", REAL_MOUNT, str(src), str(dst), str(staging)],
         capture_output=True,
         text=True,
         check=False,
     )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "ok"
+
+
+# The agent container (mountPropagation: Bidirectional on the kubelet's pods directory): a
+# mount namespace of its own whose copy of the pods directory is a peer of the host's, so a
+# mount the agent makes there is copied to the host (and from there into the pod).
+PUBLISHING_AGENT = """
+import sys
+from pathlib import Path
+from trainstack_prewarm.agent import SystemMounter
+vdir, target, staging = map(Path, sys.argv[1:4])
+m = SystemMounter(staging=staging)
+m.bind_read_only(vdir, target)
+print("published", flush=True)
+sys.stdin.readline()  # the pod is gone: NodeUnpublishVolume
+m.unmount(target)
+print("unpublished", flush=True)
+"""
+
+# The node: a mount namespace where the kubelet's pods directory is a shared mount (systemd
+# makes every mount shared, so it is on a real node), the agent's namespace a peer of it.
+NODE_HOST = """
+import errno, subprocess, sys
+from pathlib import Path
+from trainstack_prewarm.agent import mount_points
+agent_script, vdir, pods, staging = sys.argv[1], *map(Path, sys.argv[2:5])
+
+def run(*argv):
+    subprocess.run(argv, check=True, capture_output=True)
+
+def refuses_writes(where, what):
+    try:
+        (where / "planted").write_bytes(b"x")
+    except OSError as exc:
+        assert exc.errno == errno.EROFS, f"{what}: {exc}"
+    else:
+        raise AssertionError(f"{what} can write into the published version")
+
+run("mount", "--bind", str(pods), str(pods))
+run("mount", "--make-shared", str(pods))
+target = pods / "pod-uid" / "volumes" / "mount"
+target.mkdir(parents=True)
+agent = subprocess.Popen(
+    ["unshare", "-m", "--propagation", "unchanged", sys.executable, "-c", agent_script,
+     str(vdir), str(target), str(staging)],
+    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+)
+try:
+    assert agent.stdout.readline().strip() == "published"
+    assert str(target) in mount_points(), "the agent's mount reached the host"
+    assert (target / "data.bin").read_bytes() == b"payload"
+    refuses_writes(target, "the host")
+    # The container runtime binds the target into the pod's container; the volumeMount's
+    # readOnly aside, the bind copies the mount's read-only flag.
+    container = pods / "pod-uid" / "container-view"
+    container.mkdir()
+    run("mount", "--bind", str(target), str(container))
+    assert (container / "data.bin").read_bytes() == b"payload"
+    refuses_writes(container, "the pod")
+    run("umount", str(container))
+    # No staging mount of the agent's reached the host.
+    assert not [p for p in mount_points() if p.startswith(str(staging) + "/")]
+    agent.stdin.write("\\n")
+    agent.stdin.flush()
+    assert agent.stdout.readline().strip() == "unpublished"
+finally:
+    agent.stdin.close()
+    agent.wait(timeout=30)
+assert agent.returncode == 0
+assert str(target) not in mount_points(), "the agent's unmount reached the host"
+assert not (vdir / "planted").exists()
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="no user+mount namespace here (unshare -rm)")
+def test_the_published_version_is_read_only_on_the_host_and_in_the_pod(tmp_path: Path) -> None:
+    """The mount propagates to the host as the agent made it: the remount that made it
+    read-only must happen before it reaches the shared pods directory, since a remount
+    changes the flags of one mount and propagates nothing (Linux fs/namespace.c,
+    do_reconfigure_mnt), while every copy of a mount, by propagation or by a bind, takes the
+    flags of the mount it copies (clone_mnt)."""
+    vdir, pods = tmp_path / "cache" / "ds" / "v1", tmp_path / "kubelet-pods"
+    vdir.mkdir(parents=True)
+    pods.mkdir()
+    (vdir / "data.bin").write_bytes(b"payload")
+    staging = tmp_path / "cache" / ".agent" / "staging"
+    run = subprocess.run(
+        ["unshare", "-rm", sys.executable, "-c", NODE_HOST, PUBLISHING_AGENT,
+         str(vdir), str(pods), str(staging)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "ok"

@@ -7,6 +7,8 @@ import hashlib
 import os
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import BinaryIO
 
@@ -195,3 +197,95 @@ def test_no_space_is_a_local_error(
     with pytest.raises(LocalCacheError, match=r"needs \d+ bytes") as info:
         _run(DirSource(root), tmp_path, fake_time, logs).run()
     assert info.value.exit_code == ExitCode.LOCAL
+
+
+# ---- beneath an allowed root: the node agent's reads ----------------------------------------
+
+
+def test_beneath_its_root_a_directory_source_copies_the_same_tree(
+    lustre: tuple[Path, dict[str, bytes]], tmp_path: Path, fake_time: FakeTime, logs: LogCapture
+) -> None:
+    root, files = lustre
+    source = DirSource(root, beneath=tmp_path / "fsx" / "datasets")
+    assert source.limit_key == DirSource(root).limit_key
+    result = _run(source, tmp_path, fake_time, logs).run()
+    assert read_tree(result.vdir) == files
+    assert {r.check for r in cache.read_marker(result.vdir).files} == {"stat"}
+
+
+def test_the_one_shot_fetch_still_follows_links_to_files(
+    tmp_path: Path, fake_time: FakeTime, logs: LogCapture
+) -> None:
+    """`trainstack-prewarm fetch --source DIR` reads with its caller's own rights: a link is
+    no way to read what the caller could not, so links to files are still followed there."""
+    root = tmp_path / "src"
+    write_tree(root, {"a.bin": b"a"})
+    write_tree(tmp_path / "elsewhere", {"b.bin": b"b"})
+    (root / "b.bin").symlink_to(tmp_path / "elsewhere" / "b.bin")
+    result = _run(DirSource(root), tmp_path, fake_time, logs).run()
+    assert read_tree(result.vdir) == {"a.bin": b"a", "b.bin": b"b"}
+    with pytest.raises(SourceError, match="symbolic link"):
+        DirSource(root, beneath=tmp_path).list_page(None)
+
+
+def test_a_fifo_swapped_in_after_the_listing_is_refused_without_blocking(tmp_path: Path) -> None:
+    """Opening a FIFO for reading blocks until a writer comes; the agent's open does not
+    (O_NONBLOCK) and refuses what is not a regular file."""
+    root = tmp_path / "sets" / "v1"
+    write_tree(root, {"a.bin": b"a"})
+    source = DirSource(root, beneath=tmp_path / "sets")
+    (listed,) = source.list_page(None).files
+    (root / "a.bin").unlink()
+    os.mkfifo(root / "a.bin")
+    got: list[bytes] = []
+    with pytest.raises(SourceError, match="not a regular file"):
+        source.transfer(listed, got.append)
+    assert got == []
+
+
+def test_an_opener_cannot_bypass_the_walk_beneath_the_root(tmp_path: Path) -> None:
+    write_tree(tmp_path / "v1", {"a.bin": b"a"})
+    with pytest.raises(ValueError, match="bypass"):
+        DirSource(tmp_path / "v1", beneath=tmp_path, opener=lambda p: p.open("rb"))
+    with pytest.raises(SourceError, match="not under"):
+        DirSource(tmp_path / "v1", beneath=tmp_path / "elsewhere")
+
+
+def _unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+OTHER_FS = """
+import subprocess, sys
+from pathlib import Path
+from trainstack_prewarm.errors import SourceError
+from trainstack_prewarm.sources import DirSource
+sets = Path(sys.argv[1])
+subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(sets / "v1" / "mnt")], check=True)
+(sets / "v1" / "mnt" / "x.bin").write_bytes(b"x")
+try:
+    DirSource(sets / "v1", beneath=sets).list_page(None)
+except SourceError as exc:
+    assert "on another file system" in exc.message, exc.message
+else:
+    raise AssertionError("a mount inside the source was walked into")
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="no user+mount namespace here (unshare -rm)")
+def test_a_file_system_mounted_inside_a_source_is_refused(tmp_path: Path) -> None:
+    """st_dev differs across a mount point: the agent stays on the source root's device."""
+    write_tree(tmp_path / "sets" / "v1", {"a.bin": b"a", "mnt/.keep": b""})
+    run = subprocess.run(
+        ["unshare", "-rm", sys.executable, "-c", OTHER_FS, str(tmp_path / "sets")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "ok"

@@ -10,7 +10,8 @@ Security baseline and restricted); the CSI node service (:mod:`trainstack_prewar
 2. takes a shared **hold** on it (the same flock ``verify -- CMD`` takes), so eviction and
    repairs leave it alone while any pod has it mounted;
 3. checks it (marker, sizes) under that hold, and bind-mounts the version directory
-   read-only at the pod's target path.
+   read-only at the pod's target path (:class:`SystemMounter`: read-only before the mount
+   reaches the kubelet's directory, so the host's and the pod's copies are read-only too).
 
 :meth:`CacheAgent.unpublish` unmounts and releases the hold. Each publish is recorded in
 ``<cache>/.agent/volumes/<volume id>.json``, so an agent that restarts re-takes the holds of
@@ -25,6 +26,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -37,6 +39,7 @@ from typing import Protocol
 from trainstack_prewarm import cache
 from trainstack_prewarm.errors import PrewarmError, SourceError, UsageError
 from trainstack_prewarm.log import JsonLog
+from trainstack_prewarm.sources import dir_parts, source_under
 
 AGENT_DIR = ".agent"
 VOLUMES_DIR = "volumes"
@@ -55,25 +58,98 @@ class Mounter(Protocol):
     def is_mounted(self, target: Path) -> bool: ...
 
 
-class SystemMounter:
-    """``mount --bind`` then a read-only remount (a bind mount ignores ``ro`` on its first
-    call: mount(8), "the read-only flag ... needs a remount"), and ``umount``.
+STAGING_DIR = "staging"
 
-    Needs CAP_SYS_ADMIN and, for the mount to reach the kubelet's view of the target,
-    ``mountPropagation: Bidirectional`` on the kubelet directory (the DaemonSet does both).
+
+def _run_mount(argv: list[str]) -> None:
+    """Run mount(8)/umount(8); a failure is an OSError with what the command said (the CSI
+    service answers it as INTERNAL, and the kubelet retries)."""
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip()
+        raise OSError(f"{' '.join(argv)}: exit {done.returncode}: {said}")
+
+
+class SystemMounter:
+    """Read-only bind mounts with mount(8), made read-only **before** they reach the pod.
+
+    The target lies in the kubelet's pods directory, which the agent mounts with
+    ``mountPropagation: Bidirectional``: a mount made there is copied to the host's peer
+    mount (and from it into the pod's container). A copy takes the flags of the mount it
+    copies (Linux fs/namespace.c, ``clone_mnt``: ``mnt_flags`` from the old mount; fs/pnode.c
+    ``propagate_mnt`` copies through it), but a later read-only remount changes one mount
+    only and propagates nothing (fs/namespace.c ``do_reconfigure_mnt``: the flags of the
+    mount at that path). So ``mount --bind`` then ``mount -o remount,bind,ro`` at the target
+    left the host's and the pod's copies writable. Instead:
+
+    1. bind the version directory to a fresh directory under ``staging``, a private mount
+       point of the agent's (nothing mounted under it reaches the host, whatever the
+       propagation of the directory above it);
+    2. remount that staging mount read-only (a bind mount ignores ``ro`` on its first call:
+       mount(8), "the read-only flag ... needs a remount");
+    3. bind the staging mount to the target: the new mount, and every copy propagated from
+       it, starts read-only;
+    4. unmount the staging mount (the target's mount does not depend on it).
+
+    A failure at any step undoes the steps before it, so the publish fails whole and the
+    kubelet retries it. Needs CAP_SYS_ADMIN in the agent's mount namespace
+    (the DaemonSet runs it privileged). tests/prewarm/test_agent.py checks it in a user and
+    mount namespace: a write from the "host" namespace fails with EROFS.
     """
 
-    def __init__(self, run: Callable[[list[str]], object] | None = None) -> None:
-        self._run = run or (lambda argv: subprocess.run(argv, check=True, capture_output=True))
+    def __init__(self, *, staging: Path, run: Callable[[list[str]], object] | None = None) -> None:
+        self.staging = staging
+        self._run = run or _run_mount
+        self._prepared = False
+        self._prepare_lock = threading.Lock()
+
+    def _prepare(self) -> None:
+        """Once: make ``staging`` a private mount point of its own, and drop the staging
+        directories a killed agent left (their mounts died with its mount namespace)."""
+        with self._prepare_lock:
+            if self._prepared:
+                return
+            self.staging.mkdir(parents=True, exist_ok=True)
+            where = self.staging.resolve()  # as mountinfo names it
+            if str(where) not in mount_points():
+                self._run(["mount", "--bind", str(where), str(where)])
+            self._run(["mount", "--make-private", str(where)])
+            for left in where.iterdir():
+                if self.is_mounted(left):
+                    self._run(["umount", str(left)])
+                with contextlib.suppress(OSError):
+                    left.rmdir()
+            self._prepared = True
 
     def bind_read_only(self, source: Path, target: Path) -> None:
-        self._run(["mount", "--bind", str(source), str(target)])
+        self._prepare()
+        stage = Path(tempfile.mkdtemp(prefix="bind-", dir=self.staging))
+        staged = bound = False
         try:
-            self._run(["mount", "-o", "remount,bind,ro", str(target)])
+            self._run(["mount", "--bind", str(source), str(stage)])
+            staged = True
+            self._run(["mount", "-o", "remount,bind,ro", str(stage)])
+            self._run(["mount", "--bind", str(stage), str(target)])
+            bound = True
+            # The kernel's per-mount flag is what keeps the copy read-only: check it before
+            # the pod may start, rather than trust the commands.
+            if not os.statvfs(target).f_flag & os.ST_RDONLY:
+                raise OSError(f"{target}: the bind mount is not read-only")
+            self._run(["umount", str(stage)])
+            staged = False
         except BaseException:
-            with contextlib.suppress(Exception):
-                self._run(["umount", str(target)])
+            # Lazily (MNT_DETACH): the undo must not fail where the step it undoes did, and
+            # a detach propagates to the host like any unmount (fs/namespace.c do_umount).
+            if bound:
+                with contextlib.suppress(Exception):
+                    self._run(["umount", "-l", str(target)])
+            if staged:
+                with contextlib.suppress(Exception):
+                    self._run(["umount", "-l", str(stage)])
             raise
+        finally:
+            with contextlib.suppress(OSError):
+                stage.rmdir()
 
     def unmount(self, target: Path) -> None:
         self._run(["umount", str(target)])
@@ -156,8 +232,16 @@ class CacheAgent:
     # ---- fills: one per version, shared by every publisher --------------------------------
 
     def check_source(self, source: str) -> None:
-        """Only the platform's dataset sources: the agent fetches with its own credentials."""
-        if not any(source.startswith(prefix) for prefix in self.allowed_sources):
+        """Only the platform's dataset sources: the agent fetches with its own credentials.
+        A directory source must be a normalised absolute path inside an allowed directory,
+        component by component (``/data/sets/../x/`` and ``/data/setsX/`` are not inside
+        ``/data/sets/``); the fill then reads it following no link (sources.DirSource)."""
+        if not source.startswith("s3://") and dir_parts(source) is None:
+            raise SourceError(
+                f"source {source!r}: not a normalised absolute path ('.', '..' and empty "
+                "segments are refused); name the dataset version's directory itself"
+            )
+        if not any(source_under(source, prefix) for prefix in self.allowed_sources):
             allowed = ", ".join(self.allowed_sources) or "none configured"
             raise SourceError(f"source {source!r} is not under an allowed prefix ({allowed})")
 

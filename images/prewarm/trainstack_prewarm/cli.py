@@ -283,16 +283,18 @@ def _target_dir(args: argparse.Namespace) -> Path:
 
 def _fetch_setup(
     args: argparse.Namespace,
-) -> tuple[FetchOptions, SourceLimiter, Callable[[str], Source]]:
-    """Options, the node's limiter and a source opener from the tuning flags."""
+) -> tuple[FetchOptions, SourceLimiter, Callable[..., Source]]:
+    """Options, the node's limiter and a source opener from the tuning flags (the opener's
+    ``within``: the agent's allowed prefixes, sources.open_source)."""
     retry = RetryPolicy(args.max_attempts, args.base_backoff, args.max_backoff)
     if args.file_rounds < 0:
         raise UsageError("--file-rounds must be >= 0")
     rate_limited = args.max_request_rate > 0
 
-    def opener(location: str) -> Source:
+    def opener(location: str, within: Sequence[str] | None = None) -> Source:
         return open_source(
             location,
+            within=within,
             s3_client_factory=lambda: make_s3_client(
                 endpoint_url=args.endpoint_url,
                 region=args.region,
@@ -334,14 +336,19 @@ def _fetch(args: argparse.Namespace, log: JsonLog) -> int:
     return ExitCode.OK
 
 
-def _agent(args: argparse.Namespace, log: JsonLog) -> int:
-    """The node agent: serve the CSI node service until terminated (docs/prewarm.md)."""
-    options, limiter, opener = _fetch_setup(args)  # one limiter: the node's request rate
+def build_agent(
+    args: argparse.Namespace, log: JsonLog, *, mounter: node_agent.Mounter | None = None
+) -> node_agent.CacheAgent:
+    """The node agent `agent` serves: fills with the tuning flags, one limiter (the node's
+    request rate), sources opened only under ``--allow-source`` and a directory source read
+    following no link (sources.DirSource), versions bind-mounted read-only."""
+    options, limiter, opener = _fetch_setup(args)
     root = Path(args.cache)
+    allowed = tuple(args.allow_source)
 
     def fill(req: node_agent.VersionRequest) -> object:
         fetcher = Fetcher(
-            opener(req.source),
+            opener(req.source, within=allowed),
             root,
             req.dataset,
             req.version,
@@ -351,14 +358,20 @@ def _agent(args: argparse.Namespace, log: JsonLog) -> int:
         )
         return fetcher.run()
 
-    agent = node_agent.CacheAgent(
+    staging = root / node_agent.AGENT_DIR / node_agent.STAGING_DIR
+    return node_agent.CacheAgent(
         root,
         fill=fill,
-        mounter=node_agent.SystemMounter(),
-        allowed_sources=args.allow_source,
+        mounter=mounter or node_agent.SystemMounter(staging=staging),
+        allowed_sources=allowed,
         log=log,
         fill_workers=args.fill_workers,
     )
+
+
+def _agent(args: argparse.Namespace, log: JsonLog) -> int:
+    """The node agent: serve the CSI node service until terminated (docs/prewarm.md)."""
+    agent = build_agent(args, log)
     agent.recover()  # before serving: holds of the volumes still mounted
     server = csi.serve(agent, args.csi_endpoint, args.node_id, publish_wait_s=args.publish_wait)
     server.wait_for_termination()

@@ -7,8 +7,9 @@ the pod is gone. There is no controller service and no staging (the CSIDriver ob
 
 Errors map onto gRPC codes the kubelet retries with backoff: a fill still under way is
 ABORTED ("operation pending", CSI spec, NodePublishVolume errors) and the next call joins
-the same fill; a source the agent may not read, or bad attributes, INVALID_ARGUMENT; a fill
-that failed, FAILED_PRECONDITION with the fetcher's message (seen in the pod's events).
+the same fill; a source the agent may not read, bad attributes, or a request for a writable
+volume, INVALID_ARGUMENT; a fill that failed, FAILED_PRECONDITION with the fetcher's message
+(seen in the pod's events); a mount that failed, INTERNAL.
 """
 
 from __future__ import annotations
@@ -35,6 +36,19 @@ DRIVER_NAME = "cache.trainstack.io"
 EPHEMERAL_KEY = "csi.storage.k8s.io/ephemeral"
 POD_NAMESPACE_KEY = "csi.storage.k8s.io/pod.namespace"
 POD_NAME_KEY = "csi.storage.k8s.io/pod.name"
+# NodePublishVolumeRequest.readonly is the pod volume's `csi.readOnly`, false when the pod
+# leaves it out (k8s.io/kubernetes v1.37.2 pkg/volume/csi/csi_plugin.go NewMounter:
+# `readOnly = *volSrc.ReadOnly` for an inline volume; csi_mounter.go SetUpAt sends it). A
+# version is shared by every pod on the node, so the agent publishes read-only or not at all:
+# CSI spec v1.12.0, "Error Scheme", "Invalid or unsupported field in the request" is
+# INVALID_ARGUMENT ("Caller MUST fix the field before retrying"), which is the fix here. Not
+# FAILED_PRECONDITION: NodePublishVolume's table keeps it for an unsupported
+# volume_capability or a missing staging path, whose recoveries (ValidateVolumeCapabilities,
+# waiting for an unpublish, NodeStageVolume) would not help.
+WRITABLE_REFUSED = (
+    "readonly is false: the node cache publishes shared dataset versions read-only only; "
+    "set `csi.readOnly: true` on the pod's volume (the job renderer does)"
+)
 # Leave the kubelet's call this much of its deadline to receive our answer.
 DEADLINE_MARGIN_S = 5.0
 DEFAULT_PUBLISH_WAIT_S = 60.0
@@ -94,6 +108,8 @@ def servicers(
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "only mount volumes")
             if attrs.get(EPHEMERAL_KEY, "true") != "true":
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "only ephemeral inline volumes")
+            if not request.readonly:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, WRITABLE_REFUSED)
             wait_s = publish_wait_s
             remaining = context.time_remaining()
             if remaining is not None:
@@ -115,6 +131,11 @@ def servicers(
                     error=exc.message,
                 )
                 context.abort(_code(exc), exc.message)
+            except OSError as exc:  # the mount failed (and was undone): the kubelet retries
+                agent.log(
+                    "publish_failed", volume=request.volume_id, kind="OSError", error=str(exc)
+                )
+                context.abort(grpc.StatusCode.INTERNAL, f"mount: {exc}")
             finally:
                 publishing.release()
             return pb2.NodePublishVolumeResponse()
