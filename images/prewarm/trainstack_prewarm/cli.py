@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trainstack_prewarm import agent as node_agent
-from trainstack_prewarm import cache, csi
+from trainstack_prewarm import cache, csi, layout
 from trainstack_prewarm.errors import ExitCode, IncompleteCacheError, PrewarmError, UsageError
 from trainstack_prewarm.fetch import (
     DEFAULT_FILE_ROUNDS,
@@ -264,6 +264,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long the agent may take to answer (default %(default)s)",
     )
 
+    layout_cmd = sub.add_parser(
+        "layout",
+        help="the platform's job: make each team's checkpoint directory on the shared file "
+        "system (root:GID, MODE), never following a symlink",
+    )
+    layout_cmd.add_argument("--root", required=True, help="the file system's root, mounted")
+    layout_cmd.add_argument("--gid", type=_non_negative_int, required=True)
+    layout_cmd.add_argument("--mode", required=True, help="octal, e.g. 2770")
+    layout_cmd.add_argument(
+        "--team-dir", action="append", default=[], metavar="PATH", help="e.g. /checkpoints/vision"
+    )
+    layout_cmd.add_argument(
+        "--read-only-dir",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="made (root, 0755) if missing, e.g. /datasets",
+    )
+
     wait = sub.add_parser("wait", help="poll until the cache is complete, then verify it")
     _add_target(wait, allow_dir=True)
     wait.add_argument("--timeout", type=_non_negative, default=3600.0, metavar="SECONDS")
@@ -475,6 +494,20 @@ def _wait(
     return ExitCode.OK
 
 
+def _layout(args: argparse.Namespace, log: JsonLog) -> int:
+    layout.apply(
+        layout.from_args(args.root, args.gid, args.mode, args.team_dir, args.read_only_dir), log
+    )
+    return ExitCode.OK
+
+
+def _non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{raw}: must be >= 0")
+    return value
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -492,6 +525,7 @@ def main(
         "agent": lambda: _agent(args, log),
         "probe": lambda: _probe(args),
         "wait": lambda: _wait(args, log, sleep, clock),
+        "layout": lambda: _layout(args, log),
     }
     try:
         return commands[args.subcommand]()
