@@ -7,6 +7,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from trainstack_prewarm.cli import build_parser
@@ -15,7 +16,7 @@ from trainstack_prewarm.csi import DRIVER_NAME
 from trainstack.builders import cache
 from trainstack.builders.platform import system_namespace
 from trainstack.builders.storage import cache_sources
-from trainstack.config import PlatformConfig, load_stack_file
+from trainstack.config import ConfigError, PlatformConfig, load_stack_file
 from trainstack.config.model import SYSTEM_NAMESPACE, NvmeCache
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -143,3 +144,81 @@ def test_the_agents_ceiling_is_its_share_of_the_fleet_budget(stack: str, nodes: 
         assert selectors == {p.existing.node_selector for p in cfg.gpu_pools if p.existing}
     else:
         assert pod["nodeSelector"] == {cache.GPU_PRESENT_LABEL: "true"}
+
+
+def _onprem_with_sources(tmp_path: Path, sources: list[str]) -> Path:
+    """stacks/Pulumi.onprem.yaml with storage.nvmeCache.sources set."""
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.onprem.yaml").read_text())
+    doc["config"]["trainstack:platform"]["storage"]["nvmeCache"]["sources"] = sources
+    path = tmp_path / "Pulumi.onprem.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_each_directory_source_is_mounted_read_only_into_the_agent_at_its_own_path(
+    tmp_path: Path,
+) -> None:
+    """The agent fetches a directory source from its own file system: without the mount a
+    fill from it could not work."""
+    cfg = load_stack_file(_onprem_with_sources(tmp_path, ["/fsx/datasets/", "/scratch/sets/"]))
+    assert isinstance(cfg, PlatformConfig)
+    pod = cache.daemonset(cfg)["spec"]["template"]["spec"]
+    agent = pod["containers"][0]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
+    for source in ("/fsx/datasets/", "/scratch/sets/"):
+        mount = mounts[source.rstrip("/")]
+        assert mount["readOnly"] is True
+        assert "mountPropagation" not in mount  # nothing the agent mounts goes back to the host
+        # Directory: a source missing on the node stops the agent instead of being made empty.
+        assert volumes[mount["name"]]["hostPath"] == {
+            "path": source.rstrip("/"),
+            "type": "Directory",
+        }
+    args = build_parser().parse_args(cache.agent_args(cfg))
+    assert args.allow_source == ["/fsx/datasets/", "/scratch/sets/"]
+    # S3 sources and none at all: no extra volume.
+    dev = cache.daemonset(platform("dev"))["spec"]["template"]["spec"]
+    assert [v["name"] for v in dev["volumes"]] == ["cache", "plugin", "registration", "pods"]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "/fsx/datasets/../../etc/",
+        "/fsx/./datasets/",
+        "/fsx//datasets/",
+        "/fsx/datasets",  # a prefix without its `/` would also cover /fsx/datasetsX
+        "/",  # the node's whole file system
+        "fsx/datasets/",
+    ],
+)
+def test_a_directory_source_must_be_a_normalised_absolute_directory(
+    tmp_path: Path, source: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_stack_file(_onprem_with_sources(tmp_path, [source]))
+    (issue,) = refused.value.issues
+    assert issue.path == "trainstack:platform.storage.nvmeCache.sources[0]"
+    assert repr(source) in issue.message
+    assert "ending in /, without '.', '..' or empty segments" in issue.message
+
+
+@pytest.mark.parametrize(
+    ("source", "holds"),
+    [
+        ("/var/lib/", "/var/lib/kubelet"),  # the kubelet's client key, every pod's volumes
+        ("/var/lib/kubelet/pods/", "/var/lib/kubelet"),
+        ("/mnt/", "/mnt/nvme"),  # the cache itself (hostDir)
+        ("/etc/", "/etc"),
+    ],
+)
+def test_a_directory_source_may_not_hold_the_nodes_own_state(
+    tmp_path: Path, source: str, holds: str
+) -> None:
+    """Every team reads what is under a source through the agent, which reads as root."""
+    with pytest.raises(ConfigError) as refused:
+        load_stack_file(_onprem_with_sources(tmp_path, [source]))
+    (issue,) = refused.value.issues
+    assert issue.path == "trainstack:platform.storage.nvmeCache.sources[0]"
+    assert issue.message.startswith(f"{source!r} overlaps {holds}")

@@ -222,37 +222,80 @@ def test_team_iam_is_confined_to_its_own_prefixes(
 
 
 def test_team_claims(run_program: Callable[..., Recorded], prod: PlatformConfig) -> None:
-    """One claim per team on the shared file system, its PV with a handle of its own.
+    """Issue 37 #1: two claims per team on the shared file system, each a volume rooted at its
+    own directory, each PV with a handle of its own.
 
-    A team's pods mount the claim once, with a datasets and a checkpoints sub-path (issue 15:
-    the kubelet keys CSI volumes by driver and handle, kubernetes/kubernetes#91556). The FSx
-    CSI driver mounts `<dnsname>@tcp:/<mountname>` from volumeAttributes and uses the volume
-    id only as a non-empty key (kubernetes-sigs/aws-fsx-csi-driver v1.9.0, the chart 1.17.0
-    app version: pkg/driver/node.go NodePublishVolume; no NodeStage, controllerCaps without
-    PUBLISH_UNPUBLISH, CSIDriver attachRequired: false), so each team's PV can carry
-    `<fs id>::<team>`.
+    `checkpoints` is a Lustre fileset mount of /checkpoints/<team>: the FSx CSI driver mounts
+    `<dnsname>@tcp:/<mountname>` from volumeAttributes without checking the name
+    (kubernetes-sigs/aws-fsx-csi-driver v1.9.0 pkg/driver/node.go NodePublishVolume), so the
+    directory goes into `mountname`. `datasets` is /datasets with `ro` in its mount options,
+    which the driver appends to its mount: the kernel refuses writes whatever a pod says (the
+    PV's csi.readOnly reaches only ControllerPublish, never called with attachRequired:
+    false). The handle is only a key to the driver, and the kubelet's volume name
+    (kubernetes/kubernetes#91556), so each PV's is `<fs id>::<role>`.
     """
     rec = run(run_program, prod)
-    pv = rec.one("kubernetes:core/v1:PersistentVolume", "p-storage-vision-lustre-pv").inputs
+    pv = rec.one("kubernetes:core/v1:PersistentVolume", "p-storage-vision-checkpoints-pv").inputs
     assert pv["spec"]["csi"]["driver"] == "fsx.csi.aws.com"
-    assert pv["spec"]["csi"]["volumeHandle"] == "p-storage-lustre-id::vision"
-    assert sorted(pv["spec"]["csi"]["volumeAttributes"]) == ["dnsname", "mountname"]
-    assert pv["spec"]["claimRef"] == {"namespace": "vision", "name": "lustre"}
+    assert pv["spec"]["csi"]["volumeHandle"] == "p-storage-lustre-id::vision-checkpoints"
+    attributes = pv["spec"]["csi"]["volumeAttributes"]
+    assert attributes["mountname"].endswith("/checkpoints/vision")
+    assert pv["spec"]["claimRef"] == {"namespace": "vision", "name": "checkpoints"}
     assert pv["spec"]["accessModes"] == ["ReadWriteMany"]
     assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
-    assert "readOnly" not in pv["spec"]["csi"]  # datasets: read-only per mount, in the pod
-    handles = {
+    assert pv["spec"]["mountOptions"] == ["flock"]
+    data = rec.one("kubernetes:core/v1:PersistentVolume", "p-storage-vision-datasets-pv").inputs
+    assert data["spec"]["csi"]["volumeAttributes"]["mountname"] == attributes["mountname"].replace(
+        "/checkpoints/vision", "/datasets"
+    )
+    assert data["spec"]["mountOptions"] == ["ro", "flock"]
+    assert data["spec"]["accessModes"] == ["ReadWriteMany"]  # the driver takes no ReadOnlyMany
+    assert data["spec"]["claimRef"] == {"namespace": "vision", "name": "datasets"}
+    handles = [
         r.inputs["spec"]["csi"]["volumeHandle"]
         for r in rec.of_type("kubernetes:core/v1:PersistentVolume")
-    }
-    assert handles == {f"p-storage-lustre-id::{t.name}" for t in prod.registry.teams}
-    pvc = rec.one("kubernetes:core/v1:PersistentVolumeClaim", "p-storage-vision-lustre-pvc").inputs
+    ]
+    assert len(handles) == len(set(handles))
+    assert set(handles) == {
+        f"p-storage-lustre-id::{t.name}-{claim}"
+        for t in prod.registry.teams
+        for claim in ("checkpoints", "datasets")
+    } | {"p-storage-lustre-id::shared-filesystem-root"}
+    pvc = rec.one(
+        "kubernetes:core/v1:PersistentVolumeClaim", "p-storage-vision-checkpoints-pvc"
+    ).inputs
     assert pvc["metadata"]["namespace"] == "vision"
-    assert pvc["spec"]["volumeName"] == "vision-lustre"
-    # One claim per team; registration order follows the mock engine's output resolution.
-    assert sorted(
-        r.name for r in rec.of_type("kubernetes:core/v1:PersistentVolumeClaim")
-    ) == sorted(f"p-storage-{t.name}-lustre-pvc" for t in prod.registry.teams)
+    assert pvc["spec"]["volumeName"] == "vision-checkpoints"
+
+
+def test_the_platform_lays_out_each_teams_directory_first(
+    run_program: Callable[..., Recorded], prod: PlatformConfig
+) -> None:
+    """The root of each team's checkpoints volume must exist (a fileset mount of a missing
+    directory fails) and be root:10001 2770, so the kubelet-made job directories are the
+    trainer's through its group: a Job in the system namespace, from the platform's own claim
+    on the whole file system, before any team's volumes (builders/layout.py)."""
+    rec = run(run_program, prod)
+    root = rec.one("kubernetes:core/v1:PersistentVolume", "p-storage-root-pv").inputs
+    assert root["spec"]["claimRef"] == {
+        "namespace": "trainstack-system",
+        "name": "shared-filesystem-root",
+    }
+    assert "/" not in root["spec"]["csi"]["volumeAttributes"]["mountname"]
+    job = rec.one("kubernetes:batch/v1:Job", "p-storage-layout")
+    assert job.inputs["metadata"]["namespace"] == "trainstack-system"
+    args = job.inputs["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:7] == ["layout", "--root", "/fs", "--gid", "10001", "--mode", "2770"]
+    dirs = [args[i + 1] for i, a in enumerate(args) if a == "--team-dir"]
+    assert dirs == [f"/checkpoints/{t.name}" for t in prod.registry.teams]
+    sc = job.inputs["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FSETID"]}
+    assert sc["readOnlyRootFilesystem"] is True
+    claims = {r.name: r for r in rec.of_type("kubernetes:core/v1:PersistentVolume")}
+    for team in prod.registry.teams:
+        for claim in ("checkpoints", "datasets"):
+            pv = claims[f"p-storage-{team.name}-{claim}-pv"]
+            assert job.urn in pv.dependencies, (team.name, claim)
 
 
 def test_dev_uses_the_nvme_cache_and_scratch_lustre(run_program: Callable[..., Recorded]) -> None:
@@ -284,21 +327,30 @@ def test_existing_cluster_uses_its_lustre_and_creates_nothing_on_aws(
 ) -> None:
     rec = run(run_program, load("onprem"))
     assert not [r for r in rec.records if r.type.startswith("aws:")]
-    pv = rec.one("kubernetes:core/v1:PersistentVolume", "p-storage-speech-lustre-pv").inputs
-    # The operator's handle as written: drivers differ in what they read from it (HPE's
-    # lustre.csi.hpe.com mounts the volume id itself: HewlettPackard/lustre-csi-driver
-    # pkg/hpelustre/nodeserver.go NodePublishVolume, `source := volumeID`).
+    pv = rec.one("kubernetes:core/v1:PersistentVolume", "p-storage-speech-checkpoints-pv").inputs
+    # The operator's handle with the volume's directory for {path}: drivers differ in what
+    # they read from it (HPE's lustre.csi.hpe.com mounts the volume id itself:
+    # HewlettPackard/lustre-csi-driver pkg/hpelustre/nodeserver.go NodePublishVolume,
+    # `source := volumeID`), so a Lustre fileset mount of the team's directory.
     assert pv["spec"]["csi"] == {
         "driver": "lustre.csi.hpe.com",
-        "volumeHandle": "mgs.lab.internal@tcp:/trainfs",
+        "volumeHandle": "mgs.lab.internal@tcp:/trainfs/checkpoints/speech",
         "volumeAttributes": {"fsName": "trainfs", "mgsAddress": "mgs.lab.internal@tcp"},
     }
-    assert len(rec.of_type("kubernetes:core/v1:PersistentVolume")) == 1  # one team
+    handles = sorted(
+        r.inputs["spec"]["csi"]["volumeHandle"]
+        for r in rec.of_type("kubernetes:core/v1:PersistentVolume")
+    )
+    assert handles == [
+        "mgs.lab.internal@tcp:/trainfs",
+        "mgs.lab.internal@tcp:/trainfs/checkpoints/speech",
+        "mgs.lab.internal@tcp:/trainfs/datasets",
+    ]
 
 
-def test_existing_lustre_handle_per_team(run_program: Callable[..., Recorded]) -> None:
-    """`{team}` in existingLustre.volumeHandle gives each team's PV its own handle, for
-    drivers that read the file system from volumeAttributes."""
+def test_existing_lustre_path_in_the_attributes(run_program: Callable[..., Recorded]) -> None:
+    """`{path}` in an attribute too, for drivers that read the directory from the volume
+    context; in the handle, it keeps each volume's handle its own."""
     cfg = load("onprem")
     assert cfg.storage.existing_lustre is not None
     team = cfg.registry.teams[0]
@@ -306,16 +358,24 @@ def test_existing_lustre_handle_per_team(run_program: Callable[..., Recorded]) -
         cfg,
         storage=replace(
             cfg.storage,
-            existing_lustre=replace(cfg.storage.existing_lustre, volume_handle="trainfs-{team}"),
+            existing_lustre=replace(
+                cfg.storage.existing_lustre,
+                volume_handle="trainfs{path}",
+                volume_attributes=(("sub-dir", "{path}"),),
+            ),
         ),
         registry=replace(cfg.registry, teams=(team, replace(team, name="nlp"))),
     )
     rec = run(run_program, cfg)
-    handles = sorted(
-        r.inputs["spec"]["csi"]["volumeHandle"]
-        for r in rec.of_type("kubernetes:core/v1:PersistentVolume")
-    )
-    assert handles == ["trainfs-nlp", "trainfs-speech"]
+    csi = {
+        r.name: r.inputs["spec"]["csi"] for r in rec.of_type("kubernetes:core/v1:PersistentVolume")
+    }
+    assert csi["p-storage-nlp-checkpoints-pv"]["volumeHandle"] == "trainfs/checkpoints/nlp"
+    assert csi["p-storage-nlp-checkpoints-pv"]["volumeAttributes"] == {
+        "sub-dir": "/checkpoints/nlp"
+    }
+    assert csi["p-storage-speech-datasets-pv"]["volumeAttributes"] == {"sub-dir": "/datasets"}
+    assert csi["p-storage-root-pv"]["volumeAttributes"] == {"sub-dir": ""}
 
 
 def test_storage_output_for_the_job_layer(
@@ -334,14 +394,13 @@ def test_storage_output_for_the_job_layer(
         "datasetRepository": "s3://acme-ml-datasets/datasets/",
     }
     assert vision["storage"] == {
-        "datasetClaim": "lustre",
-        "datasetSubPath": "datasets",
+        "datasetClaim": "datasets",
+        "datasetSubPath": "",
         "datasetMountPath": "/datasets",
-        "checkpointClaim": "lustre",
-        "checkpointSubPath": "checkpoints/vision",
+        "checkpointClaim": "checkpoints",
+        "checkpointSubPath": "",
         "checkpointMountPath": "/checkpoints",
         "serviceAccount": "training",
-        "checkpointOwner": 10001,
         "checkpointS3Uri": "s3://acme-trainstack-prod-checkpoints/teams/vision/",
     }
 
@@ -372,5 +431,6 @@ def test_efs_checkpoints_for_small_setups(run_program: Callable[..., Recorded]) 
     ]  # no dataset claim without a dataset file system
     addon = rec.one("aws:eks/addon:Addon", "p-cluster-aws-efs-csi-driver")
     assert addon.inputs["podIdentityAssociations"][0]["serviceAccount"] == "efs-csi-controller-sa"
-    # The access point's user owns what jobs write: no directory for the job layer to create.
-    assert "checkpointOwner" not in team_storage(cfg, cfg.registry.teams[0])
+    # The access point's user owns what jobs write; the team's directory is the access point.
+    assert team_storage(cfg, cfg.registry.teams[0])["checkpointSubPath"] == "checkpoints"
+    assert rec.of_type("kubernetes:batch/v1:Job") == []  # no shared file system to lay out

@@ -81,8 +81,10 @@ def test_default_deny_with_training_allowances(run_program: Callable[..., Record
     }
     egress_ports = [p for rule in allow["spec"]["egress"] for p in rule.get("ports", [])]
     assert {"protocol": "UDP", "port": 53} in egress_ports
-    assert {"protocol": "TCP", "port": 988} in egress_ports
-    assert {"protocol": "TCP", "port": 1018, "endPort": 1023} in egress_ports
+    # Issue 37: no pod speaks to the Lustre servers; the node's kernel client mounts. A pod
+    # that could would bypass every volume boundary with a user-space LNet client.
+    assert not [p for p in egress_ports if p["port"] in (988, 1018)]
+    assert {"protocol": "TCP", "port": 443} in egress_ports
     # The node's dcgm-exporter (host network) for the runtime's GPU evidence, within the VPC
     # (stacks/Pulumi.prod.yaml vpcCidr).
     dcgm = {"protocol": "TCP", "port": 9400}

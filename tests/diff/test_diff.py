@@ -203,13 +203,14 @@ def test_fsx_capacity_decrease_forces_replacement(
         assert markdown.count(resource.name) == 1, resource.name
     assert (
         "- **REPLACE** `kubernetes:core/v1:PersistentVolumeClaim` "
-        "`trainstack-prod-storage-vision-lustre-pvc`: volume claim: pods using it lose their "
+        "`trainstack-prod-storage-vision-checkpoints-pvc`: volume claim: pods using it lose their "
         "volume. spec.resources.requests.storage 28800Gi → 24000Gi: spec forces replacement"
     ) in markdown
     assert {e.key for e in diff.storage} == {
-        f"PersistentVolume trainstack-prod-storage-{team}-lustre-pv"
+        f"PersistentVolume trainstack-prod-storage-{team}-{claim}-pv"
         for team in ("nlp", "recsys", "vision")
-    }
+        for claim in ("checkpoints", "datasets")
+    } | {"PersistentVolume trainstack-prod-storage-root-pv"}
     assert "#### Replaced or deleted resources\n\nOnly the stateful ones above." in markdown
 
 

@@ -5,12 +5,13 @@ The CLI is the one toolchain.py builds (v3.274.0); the pack is policies/ as chec
 the --policy-pack-config file `trainstack policy-config` generates, started by a launcher
 that performs the Python language host's command (tests/e2e/policy_cli.py says why and what
 it leaves out). The stacks are variants with findings (tests/policy/stacks.py): `lab`, onprem
-with a second team, whose two Lustre PersistentVolumes share a handle (mandatory) and whose
-NetworkPolicies need a CNI nobody checks (advisory); and `vision-strict`, the vision team's
-jobs on a platform that trusts only another registry (mandatory). Every resource of their
-plans that a rule reads is a Kubernetes one, so the program registers all of them and the CLI
-must report exactly the preview's report: rule, resource, level and message, and fail the
-preview when a finding is mandatory.
+with a second team, whose NetworkPolicies need a CNI nobody checks (advisory, a stack rule:
+`AnalyzeStack`); and `vision-strict`, the vision team's jobs on a platform that trusts only
+another registry (mandatory, a resource rule: `Analyze`). Every resource of their plans that
+a rule reads is a Kubernetes one, so the program registers all of them and the CLI must report
+exactly the preview's report: rule, resource, level and message, and fail the preview when,
+and only when, a finding is mandatory. (Until issue 37 `lab` also had a mandatory stack
+finding, two teams' Lustre PVs sharing a handle; no configuration reaches it now.)
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ def test_the_cli_reports_what_the_preview_reported(
 ) -> None:
     plan = variants.preview(stack)
     reported = sorted((v["rule"], v["resource"], v["level"], v["message"]) for v in plan.violations)
-    assert any(level == "mandatory" for _, _, level, _ in reported)
+    mandatory = any(level == "mandatory" for _, _, level, _ in reported)
+    assert reported
+    assert mandatory is (stack == "vision-strict")
     resources = _resources(variants, stack)
     cfg = config_files.platform_config(variants, stack)
     # The program's resources are all the plan's resources a rule reads: the same report.
@@ -86,6 +89,9 @@ def test_the_cli_reports_what_the_preview_reported(
         name = event["urn"].rsplit("::", 1)[-1]
         messages = [m for r, res, _, m in reported if (r, res) == (event["policy"], name)]
         assert any(m in event["message"] for m in messages), event
+    if not mandatory:
+        assert not result["failed"], result["error"]
+        return
     assert result["failed"], "a mandatory finding fails the preview"
     assert "preview failed" in result["error"] or "mandatory" in result["error"], result["error"]
 

@@ -74,22 +74,46 @@ def test_each_pod_mounts_each_csi_volume_once(example_plans: dict[str, Plan]) ->
 def test_datasets_stay_read_only_and_checkpoints_writable(
     example_plans: dict[str, Plan],
 ) -> None:
-    """One claim, two sub-paths: the datasets mount is read-only in the container."""
+    """Two claims (issue 37): datasets read-only in the claim, the mount and the PV's mount
+    options (the kernel's `ro`); checkpoints writable, at the job's own sub-path of the team's
+    volume, whose root is the team's directory."""
+    pvs = {
+        r.inputs["metadata"]["name"]: r.inputs["spec"]
+        for r in example_plans["prod"].resources
+        if r.type == PV
+    }
     for job in team_jobs(example_plans["vision"]):
         for _, pod in pods(job):
+            volumes = {v["name"]: v for v in pod["volumes"]}
             mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
-            data = next(m for m in mounts.values() if m.get("subPath", "").startswith("datasets/"))
+            data = next(m for m in mounts.values() if m["name"] == "data")
             assert data["readOnly"] is True
+            assert volumes["data"]["persistentVolumeClaim"] == {
+                "claimName": "datasets",
+                "readOnly": True,
+            }
             assert mounts["/checkpoints"].get("readOnly") is not True
-            assert mounts["/checkpoints"]["subPath"].startswith("checkpoints/vision/")
+            assert mounts["/checkpoints"]["subPath"] == job["metadata"]["name"]
+            assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "checkpoints"
+    assert "ro" in pvs["vision-datasets"]["mountOptions"]
+    assert "ro" not in pvs["vision-checkpoints"]["mountOptions"]
+    attrs = pvs["vision-checkpoints"]["csi"]["volumeAttributes"]
+    assert attrs["mountname"].endswith("/checkpoints/vision")
+    assert pvs["vision-datasets"]["csi"]["volumeAttributes"]["mountname"].endswith("/datasets")
 
 
 @pytest.mark.parametrize("stack", EXAMPLE_STACKS)
-def test_no_two_persistent_volumes_of_a_plan_share_a_csi_volume(
+def test_no_two_persistent_volumes_of_a_namespace_share_a_csi_volume(
     stack: str, example_plans: dict[str, Plan]
 ) -> None:
+    """Per namespace: a pod uses only its own namespace's claims (stack rule
+    pv-unique-volume-handle says why PVs of two namespaces may share one)."""
     handles = Counter(
-        (r.inputs["spec"]["csi"]["driver"], r.inputs["spec"]["csi"]["volumeHandle"])
+        (
+            r.inputs["spec"]["claimRef"]["namespace"],
+            r.inputs["spec"]["csi"]["driver"],
+            r.inputs["spec"]["csi"]["volumeHandle"],
+        )
         for r in example_plans[stack].resources
         if r.type == PV and "csi" in r.inputs["spec"]
     )

@@ -104,9 +104,11 @@ def namespaces(plan: Plan) -> dict[str, dict[str, str]]:
     }
 
 
-def test_every_team_namespace_enforces_baseline(example_plans: dict[str, Plan]) -> None:
+def test_every_team_namespace_enforces_restricted(example_plans: dict[str, Plan]) -> None:
     """No pool's pods add a capability now, so no team namespace needs `privileged` (before
-    issue 19 RDMA teams' did, and only the admission rule held their pods to baseline)."""
+    issue 19 RDMA teams' did, and only the admission rule held their pods to baseline); and
+    since issue 37 no pod of a team runs as root, so every team namespace enforces
+    `restricted` on every pod created in it, Volcano's included."""
     seen = set()
     for stack, plan in example_plans.items():
         pools = {p["name"]: p for p in plan.outputs.get(out.GPU_POOLS, [])}
@@ -114,6 +116,6 @@ def test_every_team_namespace_enforces_baseline(example_plans: dict[str, Plan]) 
         for name, team in out.team_slices(plan.outputs).items():
             for pool in team["scheduling"]["pools"]:
                 assert "capabilities" not in pools[pool]["profile"], (stack, pool)
-            assert labels[name][PSS_ENFORCE] == "baseline", (stack, name)
+            assert labels[name][PSS_ENFORCE] == "restricted", (stack, name)
             seen.add((stack, name))
     assert ("onprem", "speech") in seen

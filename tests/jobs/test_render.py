@@ -124,16 +124,16 @@ def test_shm_volumes_and_mounts(view: PlatformView) -> None:
     pod = manifest["spec"]["tasks"][0]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}
-    # Datasets and checkpoints are sub-paths of the team's one claim on Lustre, listed once:
-    # the kubelet keys CSI volumes by driver and handle (issue 15, tests/jobs/test_claims.py).
-    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "lustre"}
-    assert "data" not in volumes
+    # Issue 37: two claims, each rooted at its own directory: the job's checkpoint directory
+    # is a sub-path of the team's volume, the dataset version one of the read-only datasets.
+    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "checkpoints"}
+    assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "datasets", "readOnly": True}
     mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
-    assert mounts["/checkpoints"]["subPath"] == "checkpoints/vision/demo-train"
+    assert mounts["/checkpoints"]["subPath"] == "demo-train"
     assert mounts["/mnt/data"] == {
-        "name": "checkpoints",
+        "name": "data",
         "mountPath": "/mnt/data",
-        "subPath": "datasets/imagenet/v20250401",
+        "subPath": "imagenet/v20250401",
         "readOnly": True,
     }
 
@@ -215,12 +215,6 @@ def test_parameter_server_mode_and_topology(view: PlatformView) -> None:
     assert spec["priorityClassName"] == "trainstack-high"
 
 
-BASELINE_CAPABILITIES = {  # Pod Security Standards, baseline: "Capabilities"
-    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
-    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
-}  # fmt: skip
-
-
 def image_user() -> int:
     """The uid the training images run as, from the base image's Dockerfile."""
     text = (ROOT / "images" / "base" / "Dockerfile").read_text()
@@ -229,38 +223,20 @@ def image_user() -> int:
     return int(users[0])
 
 
-def test_lustre_checkpoint_dirs_belong_to_the_images_user(view: PlatformView) -> None:
-    """The kubelet would create the job's checkpoint sub-path root-owned (mode of the volume
-    root, kubelet_pods.go makeMounts), and the non-root images could not write checkpoints.
-    An init container creates exactly the directory the trainer mounts, owned by its user."""
+def test_no_pod_runs_anything_as_root(view: PlatformView) -> None:
+    """Issue 37: the root `checkpoint-dir` init container is gone. The kubelet creates the
+    job's checkpoint sub-path with the group and mode of the team's directory, which the
+    platform makes root:10001 2770 (builders/storage.py TEAM_DIR_MODE; the real kubelet code
+    does so in tests/e2e/test_escapes.py), so the trainer writes it through its group."""
     for path in (DEMO, PS):
-        spec = load_job(path)
-        for task in job(spec, view)["spec"]["tasks"]:
+        for task in job(load_job(path), view)["spec"]["tasks"]:
             pod = task["template"]["spec"]
-            first = pod["initContainers"][0]
-            assert first["name"] == "checkpoint-dir"
-            uid = str(image_user())
-            assert first["command"][:7] == ["install", "-d", "-o", uid, "-g", uid, "-m"]
-            (team_mount,) = first["volumeMounts"]
-            trainer = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
-            created = first["command"][-1].removeprefix(team_mount["mountPath"] + "/")
-            assert team_mount["name"] == trainer["/checkpoints"]["name"] == "checkpoints"
-            assert f"{team_mount['subPath']}/{created}" == trainer["/checkpoints"]["subPath"]
-            assert team_mount["subPath"] == "checkpoints/vision"  # the admission rule's form
-            caps = first["securityContext"]["capabilities"]
-            assert caps["drop"] == ["ALL"]
-            assert set(caps["add"]) <= BASELINE_CAPABILITIES
-
-
-def test_no_checkpoint_dir_where_the_platform_names_no_owner(view: PlatformView) -> None:
-    """EFS access points own what is written through them; older platforms say nothing."""
-    outputs = dict(view.outputs)
-    vision = dict(view.team("vision") or {})
-    vision["storage"] = {k: v for k, v in vision["storage"].items() if k != "checkpointOwner"}
-    outputs[team_output("vision")] = json.dumps(vision)
-    for task in job(load_job(DEMO), PlatformView(outputs))["spec"]["tasks"]:
-        names = [c["name"] for c in task["template"]["spec"].get("initContainers", [])]
-        assert "checkpoint-dir" not in names
+            assert "initContainers" not in pod
+            assert pod["securityContext"]["runAsUser"] == image_user()
+            assert pod["securityContext"]["runAsGroup"] == image_user()
+            for c in pod["containers"]:
+                assert "runAsUser" not in c["securityContext"]
+                assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
 def _cache_job(cache_from: str | None = "s3://acme-datasets/imagenet/v1/") -> JobSpec:
@@ -281,7 +257,7 @@ def test_nvme_cache_is_the_nodes_shared_copy_mounted_read_only(
     mounts it read-only; training starts only once the kubelet has it mounted."""
     dev = PlatformView(example_plans["dev"].outputs)
     pod = render(_cache_job(), dev, "vision")["spec"]["tasks"][0]["template"]["spec"]
-    assert [c["name"] for c in pod.get("initContainers", [])] == ["checkpoint-dir"]
+    assert "initContainers" not in pod
     (volume,) = (v for v in pod["volumes"] if v["name"] == "dataset")
     assert volume == {
         "name": "dataset",

@@ -4,8 +4,11 @@ A copy of the project (program, stack files, job specs) with, beside the example
 
 - variants whose settings the examples leave at their defaults: `dev-advisory` (a looser CPU
   ratio, an allowed registry, rules lowered to advisory), `prod-strict` (an allowed registry
-  the demo image is not from) and `lab` (onprem with a second team: two teams' Lustre PVs
-  share the file system's one handle, a mandatory finding, beside onprem's advisory one);
+  the demo image is not from), `prod-open` (prod's API endpoint open to the internet, a
+  mandatory finding of a platform stack) and `lab` (onprem with a second team: onprem's
+  advisory finding, over Kubernetes objects only). Until issue 37 `lab`'s two teams' Lustre
+  PVs shared one handle, a mandatory finding; the loader now refuses an operator's handle
+  without `{path}`, so no configuration reaches that rule any more;
 - a team stack per platform with the demo job on one of its pools (`vision-dev`,
   `vision-dev-advisory`, `speech`, `vision-strict`): rendered by the platform's own renderer,
   that job is the base object of a stack's table.
@@ -45,6 +48,10 @@ def _second_team(platform: Settings) -> None:
     )
 
 
+def _open_endpoint(platform: Settings) -> None:
+    platform["aws"]["cluster"]["endpoint"]["publicAccessCidrs"] = ["0.0.0.0/0"]
+
+
 # variant -> (example it copies, change to its trainstack:platform settings)
 PLATFORM_VARIANTS: dict[str, tuple[str, Callable[[Settings], None]]] = {
     "dev-advisory": (
@@ -57,6 +64,7 @@ PLATFORM_VARIANTS: dict[str, tuple[str, Callable[[Settings], None]]] = {
     ),
     "prod-strict": ("prod", _policy(allowedRegistries=["trusted.example.com/"])),
     "lab": ("onprem", _second_team),
+    "prod-open": ("prod", _open_endpoint),
 }
 # team stack -> (team, platform stack, job spec folder under job_specs/)
 TEAM_STACKS: dict[str, tuple[str, str, str]] = {

@@ -16,10 +16,20 @@ from trainstack.policy.rules import K8S_RULES
 from trainstack.preview.plan import Plan
 
 CONFIG = Config(
-    allowed_registries=("registry.example.com/",), team_max_duration_hours={"vision": 168}
+    allowed_registries=("registry.example.com/",),
+    team_max_duration_hours={"vision": 168},
+    team_priority_classes={"vision": ("trainstack-high", "trainstack-normal")},
 )
 RULES = {r.name: r for r in K8S_RULES}
-NAMESPACE = {"metadata": {"name": "vision", "annotations": {"trainstack.io/max-job-hours": "168"}}}
+NAMESPACE = {
+    "metadata": {
+        "name": "vision",
+        "annotations": {
+            "trainstack.io/max-job-hours": "168",
+            "trainstack.io/priority-classes": "high,normal",
+        },
+    }
+}
 
 Mutation = Callable[[dict[str, Any]], None]
 
@@ -55,16 +65,45 @@ def swap_volume(name: str, volume: dict[str, Any]) -> Mutation:
     return mutate
 
 
-def shared_mount(sub_path: str | None, read_only: bool = False) -> Mutation:
-    """The trainer mounts the shared file system's claim again, at /x with this sub-path."""
+def add_volume(volume: dict[str, Any], mount: dict[str, Any] | None = None) -> Mutation:
+    """The first task's pod gets this volume, and its trainer this mount of it."""
 
     def mutate(j: dict[str, Any]) -> None:
-        mount: dict[str, Any] = {"name": "checkpoints", "mountPath": "/x"}
-        if sub_path is not None:
-            mount["subPath"] = sub_path
-        if read_only:
-            mount["readOnly"] = True
+        pod(j)["volumes"].append(volume)
+        if mount is not None:
+            trainer(j)["volumeMounts"].append({"name": volume["name"], **mount})
+
+    return mutate
+
+
+def datasets_mount(read_only: bool | None) -> Mutation:
+    """The trainer mounts the datasets claim's volume again, at /x."""
+
+    def mutate(j: dict[str, Any]) -> None:
+        mount: dict[str, Any] = {"name": "data", "mountPath": "/x", "subPath": "other"}
+        if read_only is not None:
+            mount["readOnly"] = read_only
         trainer(j)["volumeMounts"].append(mount)
+
+    return mutate
+
+
+def metadata(where: str, kind: str, key: str, value: str) -> Mutation:
+    """A label or annotation on the Job (`job`) or its first task's template (`template`)."""
+
+    def mutate(j: dict[str, Any]) -> None:
+        meta = j["metadata"] if where == "job" else j["spec"]["tasks"][0]["template"]["metadata"]
+        meta.setdefault(kind, {})[key] = value
+
+    return mutate
+
+
+def plugins(value: dict[str, list[str]] | None) -> Mutation:
+    def mutate(j: dict[str, Any]) -> None:
+        if value is None:
+            j["spec"].pop("plugins")
+        else:
+            j["spec"]["plugins"] = value
 
     return mutate
 
@@ -322,52 +361,204 @@ CASES: list[tuple[str, str, Mutation | None, bool]] = [
     ("gpu-placement", "a CPU-only task of a GPU job", cpu_task_in_gpu_job, True),
     ("own-queue", "valid", None, True),
     ("own-queue", "another team's queue", lambda j: j["spec"].__setitem__("queue", "nlp"), False),
-    ("shared-filesystem-subpaths", "valid", None, True),
-    ("shared-filesystem-subpaths", "no subPath", shared_mount(None), False),
+    # Issue 37: what a member's pod may mount. An inline volume of a storage driver would
+    # mount what its attributes say (fsx.csi.aws.com: the whole file system).
+    ("pod-volumes", "valid", None, True),
     (
-        "shared-filesystem-subpaths",
-        "another team's checkpoints",
-        shared_mount("checkpoints/nlp"),
-        False,
-    ),
-    ("shared-filesystem-subpaths", "the checkpoints root", shared_mount("checkpoints"), False),
-    (
-        "shared-filesystem-subpaths",
-        "out of its directory",
-        shared_mount("checkpoints/vision/../nlp"),
-        False,
-    ),
-    (
-        "shared-filesystem-subpaths",
-        "a prefix of its name",
-        shared_mount("checkpoints/visionary"),
-        False,
-    ),
-    ("shared-filesystem-subpaths", "its own directory", shared_mount("checkpoints/vision"), True),
-    ("shared-filesystem-subpaths", "datasets read-only", shared_mount("datasets/x", True), True),
-    ("shared-filesystem-subpaths", "datasets writable", shared_mount("datasets/x"), False),
-    (
-        "shared-filesystem-subpaths",
-        "subPathExpr",
-        lambda j: trainer(j)["volumeMounts"].append(
-            {"name": "checkpoints", "mountPath": "/x", "subPathExpr": "checkpoints/$(TEAM)"}
+        "pod-volumes",
+        "an inline FSx volume of the whole file system",
+        add_volume(
+            {
+                "name": "all",
+                "csi": {
+                    "driver": "fsx.csi.aws.com",
+                    "volumeAttributes": {"dnsname": "fs-1.fsx", "mountname": "abcdefgh"},
+                },
+            },
+            {"mountPath": "/all"},
         ),
         False,
     ),
     (
-        "shared-filesystem-subpaths",
-        "an init container without subPath",
-        lambda j: (
-            pod(j)
-            .setdefault("initContainers", [])
-            .append(
+        "pod-volumes",
+        "the node cache, writable",
+        add_volume(
+            {"name": "c", "csi": {"driver": "cache.trainstack.io", "volumeAttributes": {}}},
+            {"mountPath": "/c"},
+        ),
+        False,
+    ),
+    (
+        "pod-volumes",
+        "the node cache, read-only",
+        add_volume(
+            {
+                "name": "c",
+                "csi": {"driver": "cache.trainstack.io", "readOnly": True, "volumeAttributes": {}},
+            },
+            {"mountPath": "/c", "readOnly": True},
+        ),
+        True,
+    ),
+    (
+        "pod-volumes",
+        "a generic ephemeral volume (a claim from any spec)",
+        add_volume(
+            {
+                "name": "e",
+                "ephemeral": {
+                    "volumeClaimTemplate": {
+                        "spec": {
+                            "accessModes": ["ReadWriteMany"],
+                            "volumeName": "nlp-checkpoints",
+                            "resources": {"requests": {"storage": "1Gi"}},
+                        }
+                    }
+                },
+            },
+            {"mountPath": "/e"},
+        ),
+        False,
+    ),
+    ("pod-volumes", "datasets mounted writable", datasets_mount(False), False),
+    ("pod-volumes", "datasets mounted without readOnly", datasets_mount(None), False),
+    ("pod-volumes", "datasets mounted read-only again", datasets_mount(True), True),
+    (
+        "pod-volumes",
+        "the datasets claim, writable",
+        lambda j: next(v for v in pod(j)["volumes"] if v["name"] == "data")[
+            "persistentVolumeClaim"
+        ].pop("readOnly"),
+        False,
+    ),
+    (
+        "pod-volumes",
+        "the checkpoints claim without a sub-path",
+        lambda j: trainer(j)["volumeMounts"].append({"name": "checkpoints", "mountPath": "/all"}),
+        True,  # the claim's root is the team's own directory (issue 37 #1)
+    ),
+    # Issue 37 #2: Volcano mounts Job-level volumes into every container and creates claims.
+    ("job-volumes", "valid", None, True),
+    (
+        "job-volumes",
+        "a claim created from any spec",
+        lambda j: j["spec"].__setitem__(
+            "volumes",
+            [
                 {
-                    "name": "peek",
-                    "image": "registry.example.com/a:1",
-                    "volumeMounts": [{"name": "checkpoints", "mountPath": "/all"}],
+                    "mountPath": "/v",
+                    "volumeClaim": {
+                        "accessModes": ["ReadWriteMany"],
+                        "volumeName": "nlp-checkpoints",
+                        "resources": {"requests": {"storage": "1Gi"}},
+                    },
                 }
-            )
+            ],
         ),
+        False,
+    ),
+    (
+        "job-volumes",
+        "an existing claim mounted everywhere",
+        lambda j: j["spec"].__setitem__(
+            "volumes", [{"mountPath": "/v", "volumeClaimName": "datasets"}]
+        ),
+        False,
+    ),
+    ("job-volumes", "an empty list", lambda j: j["spec"].__setitem__("volumes", []), True),
+    # Issue 37 #3: keys that take pods off the preempt and reclaim lists, and the like.
+    ("scheduling-keys", "valid", None, True),
+    (
+        "scheduling-keys",
+        "preemptable false on the job",
+        metadata("job", "annotations", "volcano.sh/preemptable", "false"),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "preemptable as a job label",
+        metadata("job", "labels", "volcano.sh/preemptable", "false"),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "preemptable on a template",
+        metadata("template", "annotations", "volcano.sh/preemptable", "no"),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "preemptable as a template label",
+        metadata("template", "labels", "volcano.sh/preemptable", "false"),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a cooldown that protects from preemption",
+        metadata("job", "annotations", "volcano.sh/cooldown-time", "87600h"),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "the bare sla key",
+        metadata("job", "annotations", "sla-waiting-time", "1s"),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a task priority",
+        metadata("template", "annotations", "volcano.sh/task-priority", "1000000"),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "another pod group",
+        metadata("template", "annotations", "scheduling.k8s.io/group-name", "nlp-x"),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a queue allocation gate",
+        metadata("job", "annotations", "scheduling.volcano.sh/queue-allocation-gate", "x"),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "an annotation of the team's own",
+        metadata("job", "annotations", "example.com/owner", "ana"),
+        True,
+    ),
+    # Issue 37: plugins and arguments beyond the job layer's.
+    ("job-plugins", "valid", None, True),
+    ("job-plugins", "no plugins", plugins(None), True),
+    (
+        "job-plugins",
+        "ssh",
+        lambda j: j["spec"]["plugins"].__setitem__("ssh", []),
+        False,
+    ),
+    (
+        "job-plugins",
+        "svc managing a NetworkPolicy named like the job",
+        lambda j: j["spec"]["plugins"].__setitem__("svc", []),
+        False,
+    ),
+    (
+        "job-plugins",
+        "pytorch's init container of any image",
+        lambda j: j["spec"]["plugins"]["pytorch"].append("--wait-master-image=evil:1"),
+        False,
+    ),
+    (
+        "job-plugins",
+        "a pytorch argument twice",
+        lambda j: j["spec"]["plugins"]["pytorch"].append("--port=1"),
+        False,
+    ),
+    (
+        "job-plugins",
+        "env with an argument",
+        lambda j: j["spec"]["plugins"].__setitem__("env", ["x"]),
         False,
     ),
     ("volcano-scheduled", "valid", None, True),
@@ -393,6 +584,37 @@ CASES: list[tuple[str, str, Mutation | None, bool]] = [
         "volcano-scheduled",
         "volcano named on a task",
         lambda j: pod(j).__setitem__("schedulerName", "volcano"),
+        True,
+    ),
+    # Issue 37 #3: a node named in the template skips the scheduler, its queue and taints.
+    (
+        "volcano-scheduled",
+        "a node named in the template",
+        lambda j: pod(j).__setitem__("nodeName", "gpu-node-7"),
+        False,
+    ),
+    (
+        "volcano-scheduled",
+        "a system priority class for the job",
+        lambda j: j["spec"].__setitem__("priorityClassName", "system-node-critical"),
+        False,
+    ),
+    (
+        "volcano-scheduled",
+        "a class the team may not use",
+        lambda j: j["spec"].__setitem__("priorityClassName", "trainstack-critical"),
+        False,
+    ),
+    (
+        "volcano-scheduled",
+        "one of the team's classes",
+        lambda j: j["spec"].__setitem__("priorityClassName", "trainstack-high"),
+        True,
+    ),
+    (
+        "volcano-scheduled",
+        "no class",
+        lambda j: j["spec"].pop("priorityClassName"),
         True,
     ),
     ("shm-sized", "valid", None, True),
@@ -460,7 +682,7 @@ CASES: list[tuple[str, str, Mutation | None, bool]] = [
             pod(j)["securityContext"].pop("seccompProfile"),
             trainer(j)["securityContext"].__setitem__("seccompProfile", {"type": "RuntimeDefault"}),
         ),
-        False,  # the prewarm init container has none then
+        True,  # every container of that pod sets its own (restricted allows that)
     ),
     (
         "hardened-pods",
@@ -474,7 +696,9 @@ CASES: list[tuple[str, str, Mutation | None, bool]] = [
         lambda j: pod(j)["volumes"].append({"name": "n", "nfs": {"server": "s", "path": "/"}}),
         False,
     ),
-    ("hardened-pods", "a root setup init container", root_init(["CHOWN"]), True),
+    # Issue 37: the init-container exception let any member run any image as root.
+    ("hardened-pods", "a root setup init container", root_init(["CHOWN"]), False),
+    ("hardened-pods", "a root init container without capabilities", root_init([]), False),
     ("hardened-pods", "a root init container with SYS_ADMIN", root_init(["SYS_ADMIN"]), False),
     ("limits-set", "valid", None, True),
     (
@@ -486,7 +710,10 @@ CASES: list[tuple[str, str, Mutation | None, bool]] = [
     (
         "limits-set",
         "no limits on an init container",
-        lambda j: pod(j)["initContainers"][0]["resources"].pop("limits"),
+        lambda j: pod(j).__setitem__(
+            "initContainers",
+            [{**copy.deepcopy(trainer(j)), "name": "setup", "resources": {}}],
+        ),
         False,
     ),
     ("no-privileged", "valid", None, True),

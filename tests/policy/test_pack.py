@@ -25,6 +25,7 @@ from trainstack.preview.plan import Plan
 PACK_CONFIG = {
     "allowedRegistries": list(CONFIG.allowed_registries),
     "teamMaxDurationHours": dict(CONFIG.team_max_duration_hours),
+    "teamPriorityClasses": {k: list(v) for k, v in CONFIG.team_priority_classes.items()},
 }
 
 

@@ -56,8 +56,9 @@ LEVEL_NAMES = {
     analyzer_pb2.DISABLED: "disabled",
 }
 LEVEL_VALUES = {name: value for value, name in LEVEL_NAMES.items()}
-# Examples, and variants with mandatory findings (lab, vision-strict) and advisory rules.
-JUDGED = [*EXAMPLE_STACKS, "lab", "vision-strict", "prod-strict", "dev-advisory"]
+# Examples, and variants with mandatory findings (prod-open, vision-strict) and advisory
+# ones (lab, dev-advisory).
+JUDGED = [*EXAMPLE_STACKS, "lab", "prod-open", "vision-strict", "prod-strict", "dev-advisory"]
 
 
 def _environ() -> dict[str, str]:
@@ -296,7 +297,7 @@ def test_it_reports_what_the_preview_reported(
 
 def test_the_judged_stacks_have_findings_of_both_levels(variants: Previewer) -> None:
     found = {(stack, v["level"]) for stack in JUDGED for v in variants.preview(stack).violations}
-    assert ("lab", "mandatory") in found
+    assert ("prod-open", "mandatory") in found
     assert ("lab", "advisory") in found
     assert ("vision-strict", "mandatory") in found
 

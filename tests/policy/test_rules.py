@@ -172,6 +172,7 @@ def test_every_pack_setting_is_read_under_its_schema_key() -> None:
         "allowedRegistries": ["r.example/"],
         "poolSelectors": [{"trainstack.io/pool": "h100"}],
         "production": True,
+        "teamPriorityClasses": {"vision": ["trainstack-normal"]},
     }
     assert set(values) == set(CONFIG_SCHEMA.properties)
     default = Config.from_mapping({})

@@ -54,14 +54,34 @@ def requeue(j: dict[str, Any]) -> None:
     j["spec"]["queue"] = "nlp"
 
 
+def reprioritise(j: dict[str, Any]) -> None:
+    j["spec"]["priorityClassName"] = "trainstack-high"
+
+
+def add_volume(j: dict[str, Any]) -> None:
+    j["spec"]["volumes"] = [{"mountPath": "/v", "volumeClaimName": "datasets"}]
+
+
+# scheduling-keys judges every UPDATE: a member may patch a Job's metadata at any time, and
+# nothing it reads depends on a setting that tightens (rules.UPDATE_READS).
+ALWAYS = {"scheduling-keys"}
+TEMPLATES = {r.name for r in K8S_RULES} - {"max-duration", "own-queue", "job-volumes",
+                                           "job-plugins"}  # fmt: skip
 CHANGES: dict[str, tuple[Change, set[str]]] = {
     # change: (mutation, the rules it re-judges)
-    "a label": (label, set()),
-    "replicas": (scale, set()),
-    "the maximum duration": (longer, {"max-duration"}),
-    "an image": (new_image, {r.name for r in K8S_RULES} - {"max-duration", "own-queue"}),
-    "the queue": (requeue, {"own-queue"}),
+    "a label": (label, ALWAYS),
+    "replicas": (scale, ALWAYS),
+    "the maximum duration": (longer, {"max-duration"} | ALWAYS),
+    "an image": (new_image, TEMPLATES | ALWAYS),
+    "the queue": (requeue, {"own-queue"} | ALWAYS),
+    "the priority class": (reprioritise, {"volcano-scheduled"} | ALWAYS),
+    "a job volume": (add_volume, {"job-volumes"} | ALWAYS),
 }
+
+
+def conditions(rule: str) -> list[dict[str, str]]:
+    condition = judged(rule)
+    return [] if condition is None else [condition]
 
 
 @pytest.fixture(scope="module")
@@ -87,12 +107,12 @@ def test_python_and_cel_judge_the_same_updates(
     mutate(new)
     assert {r.name for r in K8S_RULES if judged_on_update(r.name, job, new)} == rejudged
     for rule in K8S_RULES:
-        condition = {"spec": {"matchConditions": [judged(rule.name)], "validations": [
+        condition = {"spec": {"matchConditions": conditions(rule.name), "validations": [
             {"expression": "false"}]}}  # fmt: skip
         # `false` fails every object the condition lets through: admitted = not judged.
         admitted = evaluate(condition, new, TIGHTER_NAMESPACE, old=job)
         assert admitted is (rule.name not in rejudged), (change, rule.name)
-        assert tighter[rule.name]["spec"]["matchConditions"] == [judged(rule.name)]
+        assert tighter[rule.name]["spec"].get("matchConditions", []) == conditions(rule.name)
 
 
 def test_an_older_job_stays_writable_after_the_rules_tighten(

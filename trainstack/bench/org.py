@@ -75,6 +75,7 @@ def platform_config(size: OrgSize) -> dict[str, Any]:
             },
         },
         "storage": {
+            "layoutImage": f"registry.example.com/prewarm@sha256:{'0' * 64}",
             "lustre": {
                 "deploymentType": "PERSISTENT_2",
                 "storageCapacityGiB": 28800,

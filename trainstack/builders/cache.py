@@ -76,6 +76,45 @@ def max_request_rate(cfg: PlatformConfig) -> float:
     return node_request_rate(cache.request_rate_budget, cache_nodes(cfg))
 
 
+def _dir_parts(path: str) -> tuple[str, ...] | None:
+    """The components of an absolute, normalised directory path (one trailing `/` allowed),
+    else None: relative, `/` itself, or with a `.`, `..` or empty segment. The agent's
+    own check (trainstack_prewarm.sources.dir_parts) is the same; tests/jobs holds the two
+    layers to the same verdicts."""
+    if not path.startswith("/"):
+        return None
+    parts = tuple(path[1:].removesuffix("/").split("/"))
+    return None if any(p in {"", ".", ".."} for p in parts) else parts
+
+
+def source_under(source: str, prefix: str) -> bool:
+    """Is `source` inside the cache source `prefix`? S3: the key's text starts with the
+    prefix, as the agent's IAM policy grants it (`s3:prefix` `prefix*`); a directory:
+    component by component, both normalised, so neither `/data/sets/../../etc/` nor
+    `/data/setsX/` is inside `/data/sets/`."""
+    if prefix.startswith("s3://"):
+        return source.startswith(prefix)
+    src, root = _dir_parts(source), _dir_parts(prefix)
+    return src is not None and root is not None and src[: len(root)] == root
+
+
+def cache_source_issue(source: str, allowed: list[str]) -> str | None:
+    """Why the node cache agent would refuse to fetch `source` (a job's cacheFrom), or None:
+    the job layer refuses the job when it renders instead of leaving its pods pending."""
+    if not source.startswith("s3://") and _dir_parts(source) is None:
+        return (
+            f"{source!r} is not a normalised absolute path (the cache agent refuses '.', '..' "
+            "and empty segments); write the dataset version's directory itself, such as "
+            "/fsx/datasets/imagenet/v1/"
+        )
+    if any(source_under(source, prefix) for prefix in allowed):
+        return None
+    return (
+        f"{source!r} is not under a source the node cache fetches from "
+        f"({', '.join(allowed) or 'none'}); the platform adds one in storage.nvmeCache.sources"
+    )
+
+
 def pod_labels() -> dict[str, str]:
     return {labels.APP_NAME: NAME}
 
@@ -143,9 +182,21 @@ def _host(name: str, path: str, kind: str) -> dict[str, Any]:
     return {"name": name, "hostPath": {"path": path, "type": kind}}
 
 
+def directory_sources(cfg: PlatformConfig) -> list[str]:
+    """The directory sources (`/fsx/datasets/`): the agent reads them from its own file
+    system, so each is mounted into it (daemonset)."""
+    return [s for s in cache_sources(cfg) if not s.startswith("s3://")]
+
+
 def daemonset(cfg: PlatformConfig) -> dict[str, Any]:
     cache = cfg.storage.nvme_cache
     assert cache is not None
+    # Each directory source, read-only at its own path (the agent fetches the path a job
+    # names). type Directory: where the node lacks it (the file system is not mounted) the
+    # agent does not start, rather than fill from an empty directory made on the root volume.
+    # No mountPropagation: a host mount made later under it is not seen (restart the agent),
+    # and nothing the agent mounts can reach the host through it.
+    sources = [(f"source-{i}", path.rstrip("/")) for i, path in enumerate(directory_sources(cfg))]
     agent: dict[str, Any] = {
         "name": "agent",
         "image": cache.agent_image,
@@ -170,6 +221,7 @@ def daemonset(cfg: PlatformConfig) -> dict[str, Any]:
                 "mountPath": f"{KUBELET_DIR}/pods",
                 "mountPropagation": "Bidirectional",
             },
+            *({"name": name, "mountPath": path, "readOnly": True} for name, path in sources),
         ],
     }
     registrar: dict[str, Any] = {
@@ -206,6 +258,7 @@ def daemonset(cfg: PlatformConfig) -> dict[str, Any]:
             _host("plugin", PLUGIN_DIR, "DirectoryOrCreate"),
             _host("registration", REGISTRATION_DIR, "Directory"),
             _host("pods", f"{KUBELET_DIR}/pods", "Directory"),
+            *(_host(name, path, "Directory") for name, path in sources),
         ],
     }
     if cfg.cloud == "aws":

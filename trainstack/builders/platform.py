@@ -37,10 +37,13 @@ def system_namespace(cfg: PlatformConfig) -> dict[str, Any]:
     )
 
 
-# Pod Security level of team namespaces. `baseline` for every team: the job pods meet
-# `restricted` but for the stated exceptions (docs/policies.md, hardened-pods), none of which
-# baseline refuses; RDMA pods add no capability (builders/fabric.py, IPC_LOCK).
-TEAM_POD_SECURITY = "baseline"
+# Pod Security level of team namespaces: `restricted`, which the API server's PodSecurity
+# admission applies to every pod created there, the ones Volcano's controller creates from a
+# member's Job included (issue 37). The job layer's pods meet it with no exception since the
+# root `checkpoint-dir` init container is gone (builders/storage.py TEAM_DIR_MODE); RDMA pods
+# add no capability (builders/fabric.py, IPC_LOCK). The rules (`no-privileged`,
+# `hardened-pods`) refuse at the Job what the pods would be refused, out of the member's sight.
+TEAM_POD_SECURITY = "restricted"
 
 
 def team_namespace(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
@@ -49,7 +52,6 @@ def team_namespace(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
         labels.ROLE: "team",
         labels.TEAM: team.name,
         "pod-security.kubernetes.io/enforce": TEAM_POD_SECURITY,
-        "pod-security.kubernetes.io/warn": "restricted",
     }
     if team.group:
         team_labels[labels.GROUP] = team.group

@@ -2,31 +2,51 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from trainstack.builders import labels
 from trainstack.builders.pools import TRAINING_UID
-from trainstack.config.model import PlatformConfig, Team
+from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig, Team
 
 LUSTRE_PORTS = ((988, 988), (1018, 1023))  # LNet, and the ports Lustre servers call back on
 FSX_CSI_DRIVER = "fsx.csi.aws.com"
 LUSTRE_VERSION = "2.15"
 DATASETS_PATH = "/datasets"  # file-system path linked to S3 and the jobs' mount point
 CHECKPOINTS_MOUNT = "/checkpoints"  # the runtime's TRAINSTACK_CHECKPOINT_DIR default
-# Each team's one claim on the shared Lustre file system; jobs mount it once, with a
-# read-only datasets sub-path and a checkpoints sub-path (see team_volumes).
-LUSTRE_CLAIM = "lustre"
-CHECKPOINTS_CLAIM = "checkpoints"  # EFS: the team's access point
-TEAM_PLACEHOLDER = "{team}"  # in existingLustre.volumeHandle: replaced by the team's name
+CHECKPOINTS_DIR = "/checkpoints"  # on the shared file system: one directory per team below
+# Each team's two claims on the shared Lustre file system (issue 37), each a volume rooted at
+# its own directory: `checkpoints` at /checkpoints/<team>, read-write; `datasets` at
+# /datasets, mounted read-only by the kernel (see team_volumes). On EFS, `checkpoints` is the
+# team's access point.
+CHECKPOINTS_CLAIM = "checkpoints"
+DATASETS_CLAIM = "datasets"
+# In existingLustre.volumeHandle and volumeAttributes: replaced by the volume's directory on
+# the file system (`/checkpoints/<team>`, `/datasets`, or nothing for its root).
+PATH_PLACEHOLDER = "{path}"
+# Each team's checkpoint directory: root-owned, group TRAINER_GID, setgid, group-writable.
+# The kubelet creates a job's sub-path directory below it as root with the directory's mode,
+# fchmod'ed with the setgid bit kept, and the kernel gives it the parent's group (k8s.io/
+# kubernetes v1.37.2 pkg/kubelet/kubelet_pods.go makeMounts: `GetMode(volumePath)`, then
+# pkg/volume/util/subpath/subpath_linux.go doSafeMakeDir: Mkdirat, Fchmod with ModeSetgid ->
+# S_ISGID; Lustre v2_15_0 mdd_dir.c mdd_create_sanity_check: "Directories are special, and
+# always inherit S_ISGID"): root:10001 2770, which the trainer (uid and gid 10001) writes
+# through its group. No root step in a team's pod is needed, so none is allowed.
+TRAINER_GID = TRAINING_UID
+TEAM_DIR_MODE = "2770"
+# The platform's own claim on the whole file system, in the system namespace, for the layout
+# job (layout_job) alone: no team namespace can name it.
+ROOT_CLAIM = "shared-filesystem-root"
 # The node cache agent's CSI driver (builders/cache.py): what jobs' inline volumes name.
 CACHE_DRIVER = "cache.trainstack.io"
 TRAINING_SERVICE_ACCOUNT = "training"
 CHECKPOINT_PREFIX = "teams/"
 
 
-def checkpoint_subpath(team: Team) -> str:
-    """Each team's checkpoints live under their own directory of the shared file system."""
-    return f"checkpoints/{team.name}"
+def team_checkpoint_dir(team: Team) -> str:
+    """Each team's checkpoints live in their own directory of the shared file system, the
+    root of the team's `checkpoints` volume."""
+    return f"{CHECKPOINTS_DIR}/{team.name}"
 
 
 def s3_prefix_arn(bucket: str, prefix: str) -> str:
@@ -159,6 +179,51 @@ def checkpoint_lifecycle_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
     ]
 
 
+def _pv(
+    cfg: PlatformConfig,
+    name: str,
+    namespace: str,
+    *,
+    claim: str,
+    access: str,
+    csi: dict[str, Any],
+    capacity_gib: int,
+    mount_options: tuple[str, ...] = ("flock",),
+    extra_labels: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """A static PV bound to exactly one claim. Pre-bound (`claimRef`): a PV without one
+    binds the first claim of any namespace that matches it (k8s.io/component-helpers
+    v0.37.2 storage/volume/pv_helpers.go FindMatchingVolume), and a claim naming a PV bound
+    to another namespace's claim stays Pending (pv_controller.go syncUnboundClaim)."""
+    meta_labels = {**labels.base_labels(cfg.stack), **(extra_labels or {})}
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name, "labels": meta_labels},
+        "spec": {
+            "capacity": {"storage": f"{capacity_gib}Gi"},
+            "accessModes": [access],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "mountOptions": list(mount_options),
+            "claimRef": {"namespace": namespace, "name": claim},
+            "csi": csi,
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": namespace, "labels": meta_labels},
+        "spec": {
+            "accessModes": [access],
+            "storageClassName": "",
+            "volumeName": name,
+            "resources": {"requests": {"storage": f"{capacity_gib}Gi"}},
+        },
+    }
+    return [volume, pvc]
+
+
 def _team_pv(
     cfg: PlatformConfig,
     team: Team,
@@ -170,62 +235,91 @@ def _team_pv(
     mount_options: tuple[str, ...] = ("flock",),
 ) -> list[dict[str, Any]]:
     """A static PV bound to exactly one claim in the team's namespace."""
-    name = f"{team.name}-{claim}"
-    meta_labels = {**labels.base_labels(cfg.stack), labels.TEAM: team.name}
-    volume = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": name, "labels": meta_labels},
-        "spec": {
-            "capacity": {"storage": f"{capacity_gib}Gi"},
-            "accessModes": [access],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "mountOptions": list(mount_options),
-            "claimRef": {"namespace": team.namespace, "name": claim},
-            "csi": csi,
-        },
-    }
-    pvc = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": claim, "namespace": team.namespace, "labels": meta_labels},
-        "spec": {
-            "accessModes": [access],
-            "storageClassName": "",
-            "volumeName": name,
-            "resources": {"requests": {"storage": f"{capacity_gib}Gi"}},
-        },
-    }
-    return [volume, pvc]
+    return _pv(
+        cfg,
+        f"{team.name}-{claim}",
+        team.namespace,
+        claim=claim,
+        access=access,
+        csi=csi,
+        capacity_gib=capacity_gib,
+        mount_options=mount_options,
+        extra_labels={labels.TEAM: team.name},
+    )
 
 
-def team_volumes(cfg: PlatformConfig, team: Team, csi: dict[str, Any]) -> list[dict[str, Any]]:
-    """The team's one claim on the shared file system (`csi` carries the team's own handle).
-
-    Jobs mount it once with two sub-paths: datasets read-only (the volumeMount's readOnly)
-    and the team's checkpoints. Not a datasets PV and a checkpoints PV: the kubelet names a
-    CSI volume `<driver>^<volumeHandle>` and keeps one entry per name
-    (k8s.io/kubernetes@v1.37.2 pkg/volume/csi/csi_plugin.go GetVolumeName;
-    kubelet/volumemanager/cache/desired_state_of_world.go AddPodToVolume), so a pod with two
-    PVs of one file system waits forever for the second (kubernetes/kubernetes#91556). The
-    policy rule `pv-unique-volume-handle` rejects such plans.
-    """
+def shared_capacity_gib(cfg: PlatformConfig) -> int:
     storage = cfg.storage
-    capacity = (
-        storage.lustre.storage_capacity_gib
-        if storage.lustre is not None
-        else storage.existing_lustre.capacity_gib
-        if storage.existing_lustre is not None
-        else 0
-    )
-    return _team_pv(
-        cfg, team, claim=LUSTRE_CLAIM, access="ReadWriteMany", csi=csi, capacity_gib=capacity
+    if storage.lustre is not None:
+        return storage.lustre.storage_capacity_gib
+    if storage.existing_lustre is not None:
+        return storage.existing_lustre.capacity_gib
+    return 0
+
+
+# A volume's source on the shared file system: (directory, e.g. "/datasets"; its PV's unique
+# role, e.g. "vision-datasets") -> the PV's `csi`.
+CsiAt = Callable[[str, str], dict[str, Any]]
+
+
+def team_volumes(cfg: PlatformConfig, team: Team, csi_at: CsiAt) -> list[dict[str, Any]]:
+    """The team's two volumes on the shared file system, each rooted at its own directory.
+
+    `checkpoints` at /checkpoints/<team>, read-write: a job mounts its own sub-path. The
+    kubelet resolves a sub-path on the host, following symlinks, and refuses a result
+    outside the volume (k8s v1.37.2 pkg/volume/util/subpath/subpath_linux.go doBindSubPath,
+    safeOpenSubPath), and the volume's root is the team's directory: no sub-path, symlink
+    or `..` a member can name reaches another team (issue 37 #1). Inside the pod, `..` at a
+    mount's root stays in the pod's own file system.
+
+    `datasets` at /datasets, read-only by its mount options: the CSI driver appends them to
+    its `mount -t lustre`, so the kernel refuses every write, whatever the pod says
+    (aws-fsx-csi-driver v1.9.0 pkg/driver/node.go NodePublishVolume; the PV's `csi.readOnly`
+    is only for ControllerPublish, which attachRequired: false never calls). Access mode
+    ReadWriteMany all the same: the FSx driver takes only single-node-writer and
+    multi-node-multi-writer (controller.go isValidVolumeCapabilities).
+
+    Two volumes of one file system in a pod need two handles: the kubelet names a CSI volume
+    `<driver>^<volumeHandle>` (csi_plugin.go GetVolumeName), and a pod with two PVs of one
+    name waits forever (kubernetes/kubernetes#91556; rule pv-unique-volume-handle).
+    """
+    capacity = shared_capacity_gib(cfg)
+    return [
+        *_team_pv(
+            cfg,
+            team,
+            claim=CHECKPOINTS_CLAIM,
+            access="ReadWriteMany",
+            csi=csi_at(team_checkpoint_dir(team), f"{team.name}-{CHECKPOINTS_CLAIM}"),
+            capacity_gib=capacity,
+        ),
+        *_team_pv(
+            cfg,
+            team,
+            claim=DATASETS_CLAIM,
+            access="ReadWriteMany",
+            csi=csi_at(DATASETS_PATH, f"{team.name}-{DATASETS_CLAIM}"),
+            capacity_gib=capacity,
+            mount_options=("ro", "flock"),
+        ),
+    ]
+
+
+def root_volume(cfg: PlatformConfig, csi_at: CsiAt) -> list[dict[str, Any]]:
+    """The whole shared file system, for the platform's layout job in the system namespace."""
+    return _pv(
+        cfg,
+        f"trainstack-{ROOT_CLAIM}",
+        SYSTEM_NAMESPACE,
+        claim=ROOT_CLAIM,
+        access="ReadWriteMany",
+        csi=csi_at("", ROOT_CLAIM),
+        capacity_gib=shared_capacity_gib(cfg),
     )
 
 
-def fsx_volume_handle(file_system_id: str, team: Team) -> str:
-    """`<fs id>::<team>`: one handle per team's PV on the platform's FSx file system.
+def fsx_volume_handle(file_system_id: str, role: str) -> str:
+    """`<fs id>::<role>`: one handle per PV on the platform's FSx file system.
 
     fsx.csi.aws.com mounts `<dnsname>@tcp:/<mountname>` from volumeAttributes and uses the
     volume id only as a non-empty key (kubernetes-sigs/aws-fsx-csi-driver v1.9.0, the chart
@@ -234,7 +328,19 @@ def fsx_volume_handle(file_system_id: str, team: Team) -> str:
     false). Up to v1.0.0 the id alone was the in-flight key, so two pods on a node
     publishing one id at once were refused (v1.0.0 node.go: `d.inFlight.Insert(volumeID)`).
     """
-    return f"{file_system_id}::{team.name}"
+    return f"{file_system_id}::{role}"
+
+
+def fsx_mount_name(mount_name: str, directory: str) -> str:
+    """The `mountname` attribute of a volume rooted at `directory` (a Lustre fileset mount).
+
+    The driver mounts `<dnsname>@tcp:/<mountname>` without checking the name (v1.9.0
+    node.go NodePublishVolume), so `<mountname>/checkpoints/vision` mounts that directory
+    alone, as FSx documents ("Mounting specific filesets", FSx Lustre user guide,
+    mounting-from-fileset.html); the Lustre servers refuse `..` in it and a directory that
+    does not exist (lustre-release v2_15_0 lustre/mdt/mdt_handler.c mdt_lookup_fileset).
+    """
+    return f"{mount_name}{directory}"
 
 
 EFS_CSI_DRIVER = "efs.csi.aws.com"
@@ -264,22 +370,28 @@ def efs_checkpoint_volume(
     )
 
 
-def existing_lustre_csi(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
-    """The operator's Lustre for one team: the handle as configured, `{team}` replaced.
+def existing_lustre_csi(cfg: PlatformConfig, directory: str, role: str) -> dict[str, Any]:
+    """The operator's Lustre for one volume: the handle and attributes as configured, with
+    `{path}` replaced by the volume's directory (`/checkpoints/<team>`, `/datasets`, or
+    nothing for the file system's root).
 
     trainstack does not invent handles here: Lustre CSI drivers differ in what they read
     from it (HPE's lustre.csi.hpe.com mounts the volume id itself, HewlettPackard/
     lustre-csi-driver pkg/hpelustre/nodeserver.go NodePublishVolume `source := volumeID`;
     the FSx and Azure Lustre drivers read the file system from volumeAttributes:
     kubernetes-sigs/azurelustre-csi-driver pkg/azurelustre/nodeserver.go NodePublishVolume
-    mounts `<mds-ip-address>@tcp:/<fs-name>` from the volume context).
+    mounts `<mds-ip-address>@tcp:/<fs-name>` from the volume context). The loader requires
+    `{path}` in the handle (config/storage.py), so every volume's is its own.
     """
+    del role
     existing = cfg.storage.existing_lustre
     assert existing is not None
     return {
         "driver": existing.csi_driver,
-        "volumeHandle": existing.volume_handle.replace(TEAM_PLACEHOLDER, team.name),
-        "volumeAttributes": dict(existing.volume_attributes),
+        "volumeHandle": existing.volume_handle.replace(PATH_PLACEHOLDER, directory),
+        "volumeAttributes": {
+            k: v.replace(PATH_PLACEHOLDER, directory) for k, v in existing.volume_attributes
+        },
     }
 
 
@@ -301,28 +413,19 @@ def team_storage(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
     entry: dict[str, Any] = {}
     if storage.has_shared_filesystem:
         entry |= {
-            "datasetClaim": LUSTRE_CLAIM,
-            "datasetSubPath": DATASETS_PATH.lstrip("/"),
+            "datasetClaim": DATASETS_CLAIM,
+            "datasetSubPath": "",  # the volume's root is /datasets
             "datasetMountPath": DATASETS_PATH,
         }
     if storage.has_checkpoint_volume:
         entry |= {
-            "checkpointClaim": LUSTRE_CLAIM if storage.has_shared_filesystem else CHECKPOINTS_CLAIM,
-            # On EFS the team's access point is already its own directory.
-            "checkpointSubPath": (
-                checkpoint_subpath(team) if storage.has_shared_filesystem else "checkpoints"
-            ),
+            "checkpointClaim": CHECKPOINTS_CLAIM,
+            # On Lustre the volume's root is the team's directory; on EFS the team's access
+            # point, under which checkpoints have a directory of their own.
+            "checkpointSubPath": "" if storage.has_shared_filesystem else "checkpoints",
             "checkpointMountPath": CHECKPOINTS_MOUNT,
             "serviceAccount": TRAINING_SERVICE_ACCOUNT,
         }
-    if storage.has_shared_filesystem and storage.has_checkpoint_volume:
-        # The kubelet creates a missing subPath directory as root, with the mode of the
-        # volume's root (k8s.io/kubernetes@v1.37.2 pkg/kubelet/kubelet_pods.go makeMounts:
-        # `perm, err := hu.GetMode(volumePath)` then `SafeMakeDir(subPath, volumePath, perm)`),
-        # so on Lustre a job's checkpoint directory would be root-owned 0755 and the images'
-        # non-root user could not write it. The job layer creates it first, owned by this uid.
-        # Not on EFS: the access point's POSIX user owns everything written through it.
-        entry["checkpointOwner"] = TRAINING_UID
     if storage.checkpoint_bucket is not None:
         entry["checkpointS3Uri"] = (
             f"s3://{storage.checkpoint_bucket}/{CHECKPOINT_PREFIX}{team.name}/"

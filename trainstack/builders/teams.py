@@ -7,7 +7,6 @@ from typing import Any
 from trainstack.builders import labels
 from trainstack.builders.monitoring.common import DCGM_PORT
 from trainstack.builders.monitoring.values import dcgm_enabled_here
-from trainstack.builders.storage import LUSTRE_PORTS
 from trainstack.config.model import NewVpc, PlatformConfig, Team
 from trainstack.config.monitoring import MONITORING_NAMESPACE
 from trainstack.contracts.runtime import HEALTH_PORT_DEFAULT
@@ -137,10 +136,6 @@ def network_policies(cfg: PlatformConfig, team: Team) -> list[dict[str, Any]]:
         "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
     }
     same_namespace: list[dict[str, Any]] = [{"podSelector": {}}]
-    storage_ports = [
-        {"protocol": "TCP", "port": low, **({"endPort": high} if high != low else {})}
-        for low, high in LUSTRE_PORTS
-    ]
     allow = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -174,9 +169,14 @@ def network_policies(cfg: PlatformConfig, team: Team) -> list[dict[str, Any]]:
                     "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
                 },
                 {
-                    # S3, STS, registries (443) and Lustre servers, outside the cluster.
+                    # S3, STS, registries. Not the Lustre ports (issue 37): the kernel's Lustre
+                    # client mounts from the node, never from a pod, and a pod that reached
+                    # the servers could speak LNet from user space and claim any uid
+                    # (lustre-release v2_15_0 lnet/lnet/acceptor.c accepts privileged source
+                    # ports, which NET_BIND_SERVICE and the safe sysctl
+                    # net.ipv4.ip_unprivileged_port_start give a pod).
                     "to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
-                    "ports": [{"protocol": "TCP", "port": 443}, *storage_ports],
+                    "ports": [{"protocol": "TCP", "port": 443}],
                 },
                 *_gpu_evidence_egress(cfg),
             ],

@@ -6,7 +6,6 @@ CSIDriver, ServiceAccount and, on AWS, its read-only IAM role).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -15,6 +14,7 @@ import pulumi
 import pulumi_aws as aws
 
 from trainstack.builders import cache as cache_b
+from trainstack.builders import layout as layout_b
 from trainstack.builders import storage as b
 from trainstack.components.kube import apply_manifest
 from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig, Team
@@ -64,19 +64,23 @@ class PlatformStorage(pulumi.ComponentResource):
         storage = cfg.storage
         kube = pulumi.ResourceOptions(parent=self, provider=args.k8s_provider)
         # Manifests may carry Outputs (ARNs, file-system ids); Pulumi resolves them.
-        # `csi_for(team)`: the team's PV source, with a volume handle of its own.
-        csi_for: Callable[[Team], dict[str, Any]] | None = None
+        # `csi_at(directory, role)`: a PV source rooted at that directory of the shared file
+        # system, with a volume handle of its own.
+        csi_at: b.CsiAt | None = None
         role_arns: dict[str, pulumi.Output[str]] = {}
         efs_handles: dict[str, pulumi.Output[str]] = {}
         agent_role: pulumi.Output[str] | None = None
         if args.aws is not None:
-            csi_for, role_arns = self._aws(name, cfg, args.aws)
+            csi_at, role_arns = self._aws(name, cfg, args.aws)
             if storage.nvme_cache is not None:
                 agent_role = self._agent_role(name, cfg, args.aws)
             if storage.efs is not None:
                 efs_handles = self._efs(name, cfg, args.aws)
         elif storage.existing_lustre is not None:
-            csi_for = partial(b.existing_lustre_csi, cfg)
+            csi_at = partial(b.existing_lustre_csi, cfg)
+        layout: list[pulumi.Resource] = []
+        if csi_at is not None:
+            layout = self._layout(name, cfg, csi_at, kube, args.system_namespace)
         for team in cfg.registry.teams:
             in_team = pulumi.ResourceOptions.merge(
                 kube, pulumi.ResourceOptions(depends_on=[args.namespaces[team.name]])
@@ -85,8 +89,13 @@ class PlatformStorage(pulumi.ComponentResource):
             apply_manifest(f"{name}-sa-{team.name}", account, in_team)
             if team.name in efs_handles:
                 volumes = b.efs_checkpoint_volume(cfg, team, efs_handles[team.name])
-            elif csi_for is not None:
-                volumes = b.team_volumes(cfg, team, csi_for(team))
+            elif csi_at is not None:
+                volumes = b.team_volumes(cfg, team, csi_at)
+                # The team's directory exists before its volume is published (a fileset
+                # mount of a missing directory fails).
+                in_team = pulumi.ResourceOptions.merge(
+                    in_team, pulumi.ResourceOptions(depends_on=layout)
+                )
             else:
                 continue
             for manifest in volumes:
@@ -109,6 +118,30 @@ class PlatformStorage(pulumi.ComponentResource):
                 ),
             )
         self.register_outputs({})
+
+    def _layout(
+        self,
+        name: str,
+        cfg: PlatformConfig,
+        csi_at: b.CsiAt,
+        kube: pulumi.ResourceOptions,
+        system_namespace: pulumi.Resource,
+    ) -> list[pulumi.Resource]:
+        """The platform's claim on the whole file system and the Job that lays out the
+        teams' directories on it (builders/layout.py); returns the Job."""
+        in_system = pulumi.ResourceOptions.merge(
+            kube, pulumi.ResourceOptions(depends_on=[system_namespace])
+        )
+        claim: list[pulumi.Resource] = []
+        for manifest in b.root_volume(cfg, csi_at):
+            kind = "pv" if manifest["kind"] == "PersistentVolume" else "pvc"
+            claim.append(apply_manifest(f"{name}-root-{kind}", manifest, in_system))
+        job = apply_manifest(
+            f"{name}-layout",
+            layout_b.layout_job(cfg),
+            pulumi.ResourceOptions.merge(in_system, pulumi.ResourceOptions(depends_on=claim)),
+        )
+        return [job]
 
     def _agent_role(
         self, name: str, cfg: PlatformConfig, ctx: AwsContext
@@ -138,7 +171,7 @@ class PlatformStorage(pulumi.ComponentResource):
 
     def _aws(
         self, name: str, cfg: PlatformConfig, ctx: AwsContext
-    ) -> tuple[Callable[[Team], dict[str, Any]] | None, dict[str, pulumi.Output[str]]]:
+    ) -> tuple[b.CsiAt | None, dict[str, pulumi.Output[str]]]:
         storage = cfg.storage
         child = pulumi.ResourceOptions(parent=self, provider=ctx.provider)
         key = self._key = aws.kms.Key(
@@ -148,7 +181,7 @@ class PlatformStorage(pulumi.ComponentResource):
             deletion_window_in_days=30,
             opts=child,
         )
-        csi_for: Callable[[Team], dict[str, Any]] | None = None
+        csi_at: b.CsiAt | None = None
         lustre = storage.lustre
         if lustre is not None:
             group = aws.ec2.SecurityGroup(
@@ -238,17 +271,21 @@ class PlatformStorage(pulumi.ComponentResource):
                     ),
                     opts=child,
                 )
-            attributes = {"dnsname": fs.dns_name, "mountname": fs.mount_name}
-            file_system_id = fs.id
+            file_system = fs
 
-            def fsx_csi(team: Team) -> dict[str, Any]:
+            def fsx_csi(directory: str, role: str) -> dict[str, Any]:
                 return {
                     "driver": b.FSX_CSI_DRIVER,
-                    "volumeHandle": file_system_id.apply(partial(b.fsx_volume_handle, team=team)),
-                    "volumeAttributes": dict(attributes),
+                    "volumeHandle": file_system.id.apply(partial(b.fsx_volume_handle, role=role)),
+                    "volumeAttributes": {
+                        "dnsname": file_system.dns_name,
+                        "mountname": file_system.mount_name.apply(
+                            partial(b.fsx_mount_name, directory=directory)
+                        ),
+                    },
                 }
 
-            csi_for = fsx_csi
+            csi_at = fsx_csi
         roles: dict[str, pulumi.Output[str]] = {}
         if storage.checkpoint_bucket is not None:
             self._bucket(name, cfg, storage.checkpoint_bucket, key, child)
@@ -270,7 +307,7 @@ class PlatformStorage(pulumi.ComponentResource):
                     opts=child,
                 )
                 roles[team.name] = role.arn
-        return csi_for, roles
+        return csi_at, roles
 
     def _efs(
         self, name: str, cfg: PlatformConfig, ctx: AwsContext

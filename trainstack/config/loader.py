@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from trainstack import yamlio
 from trainstack.builders.network import MAX_VPC_PREFIX
+from trainstack.config import k8s_syntax
 from trainstack.config import model as m
 from trainstack.config.addons import addon_checks, build_addons
 from trainstack.config.capacity import capacity_issues, mode_issues
@@ -184,24 +185,54 @@ def _platform_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     return issues
 
 
+# The platform's own images (issue 37: pinned by digest in production, like team images):
+# (path in the platform document, what builds it, whether the document uses it).
+PLATFORM_IMAGES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("scheduling", "deadlines", "image"), "build images/deadlines, push it to your "
+     "registry and set image: <registry>/trainstack/deadlines@sha256:… (docs/deadlines.md)"),
+    (("storage", "nvmeCache", "agentImage"), "build images/prewarm, push it to your "
+     "registry and set agentImage: <registry>/trainstack/prewarm@sha256:… (docs/prewarm.md)"),
+    (("storage", "nvmeCache", "registrarImage"), "mirror "
+     "registry.k8s.io/sig-storage/csi-node-driver-registrar and set registrarImage: "
+     "<registry>/csi-node-driver-registrar@sha256:…"),
+    (("storage", "layoutImage"), "build images/prewarm, push it to your registry and set "
+     "layoutImage: <registry>/trainstack/prewarm@sha256:… (docs/security.md)"),
+)  # fmt: skip
+
+
+def _image_in_use(doc: Mapping[str, Any], where: tuple[str, ...]) -> tuple[bool, object]:
+    """(whether the platform runs the image at `where`, its value if set)."""
+    node: object = doc
+    for key in where[:-1]:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    if not isinstance(node, Mapping):
+        return where[0] == "scheduling", None  # the enforcer runs on every platform
+    if where == ("storage", "layoutImage"):  # runs where there is a shared file system
+        return "lustre" in node or "existingLustre" in node, node.get(where[-1])
+    return True, node.get(where[-1])
+
+
 def _platform_image_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
-    """Images the platform builds itself are pinned as team images are (rules.is_pinned):
-    by digest in production, by a build tag otherwise (issue 19 #4)."""
-    scheduling = doc.get("scheduling")
-    deadlines = scheduling.get("deadlines") if isinstance(scheduling, Mapping) else None
-    image = deadlines.get("image") if isinstance(deadlines, Mapping) else None
+    """Images the platform runs itself are pinned as team images are (rules.is_pinned):
+    by digest in production, by a build tag otherwise (issue 19 #4, issue 37)."""
     production = doc.get("environment") == "production"
-    fix = (
-        "build images/deadlines, push it to your registry and set image: "
-        "<registry>/trainstack/deadlines@sha256:… (docs/deadlines.md)"
-    )
-    path = join_path(root, "scheduling", "deadlines", "image")
-    if image is None and production:  # the default is a tag of an image nobody published
-        return [ConfigIssue(path, f"not set; production pins its images by digest: {fix}")]
-    if not isinstance(image, str) or is_pinned(image, production=production):
-        return []
-    pin = pin_required(production)
-    return [ConfigIssue(path, f"{image!r} is not pinned by {pin}: {fix}")]
+    issues: list[ConfigIssue] = []
+    for where, fix in PLATFORM_IMAGES:
+        used, image = _image_in_use(doc, where)
+        if not used:
+            continue
+        path = join_path(root, *where)
+        if image is None and production:  # the default is a tag nobody published, or moves
+            message = f"not set; production pins its images by digest: {fix}"
+            issues.append(ConfigIssue(path, message))
+        elif (
+            isinstance(image, str)
+            and not k8s_syntax.image_reference(image)  # a malformed one: the schema says so
+            and not is_pinned(image, production=production)
+        ):
+            pin = pin_required(production)
+            issues.append(ConfigIssue(path, f"{image!r} is not pinned by {pin}: {fix}"))
+    return issues
 
 
 def _pool_names(doc: Mapping[str, Any]) -> set[str] | None:

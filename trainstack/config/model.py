@@ -267,6 +267,8 @@ class Storage:
     checkpoint_bucket: str | None = None  # aws: durable copies
     retention_days: int = 30
     noncurrent_version_days: int = 7
+    # The image whose `trainstack-prewarm layout` gives each team its checkpoint directory.
+    layout_image: str = "registry.example.com/trainstack/prewarm:0.1.0"
 
     @property
     def has_shared_filesystem(self) -> bool:

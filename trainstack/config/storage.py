@@ -75,6 +75,9 @@ def storage_checks(doc: Mapping[str, Any], root: str, zones: set[str] | None) ->
                 "checkpoints already go to Lustre; remove efs (it is for setups without Lustre)",
             )
         )
+    existing = storage.get("existingLustre")
+    if isinstance(existing, Mapping):
+        issues += _existing_lustre_checks(existing, join_path(path, "existingLustre"))
     lustre = storage.get("lustre")
     if isinstance(lustre, Mapping) and cloud == "aws":
         issues += _lustre_checks(lustre, join_path(path, "lustre"), zones)
@@ -103,6 +106,32 @@ def storage_checks(doc: Mapping[str, Any], root: str, zones: set[str] | None) ->
                 )
             )
     return issues
+
+
+PATH_PLACEHOLDER = "{path}"  # = builders/storage.PATH_PLACEHOLDER (config never imports them)
+
+
+def _existing_lustre_checks(existing: Mapping[str, Any], path: str) -> list[ConfigIssue]:
+    """Issue 37 #1: every volume is rooted at its own directory, so the handle carries
+    `{path}`. A handle without it gave each team's volume the whole file system, where a
+    symlink in a team's checkpoint directory reached every other team's: the kubelet follows
+    it on the host and checks only that it stays inside the volume (k8s.io/kubernetes
+    v1.37.2 pkg/volume/util/subpath/subpath_linux.go doBindSubPath)."""
+    handle = existing.get("volumeHandle")
+    if not isinstance(handle, str) or PATH_PLACEHOLDER in handle:
+        return []
+    team = " ({team} is no longer replaced: each team's volume is rooted by {path})"
+    return [
+        ConfigIssue(
+            join_path(path, "volumeHandle"),
+            f"{handle!r} has no {PATH_PLACEHOLDER}: each team's checkpoints and the datasets "
+            "are volumes of their own, rooted at their directory, and {path} says where that "
+            f"directory goes{team if '{team}' in handle else ''}. Drivers that mount the "
+            "handle (lustre.csi.hpe.com): e.g. mgs@tcp:/fsname{path}; drivers that read the "
+            "file system from volumeAttributes: append {path} to the handle and write it "
+            "into their sub-directory attribute",
+        )
+    ]
 
 
 # The instance-store array nodeadm mounts at /mnt/k8s-disks/0 also holds these, bind-mounted
@@ -162,6 +191,39 @@ def _cache_checks(cache: Mapping[str, Any], path: str, cloud: object) -> list[Co
                 "existing cluster every mount point you prepare under hostDir is one volume",
             )
         )
+    issues += _cache_source_checks(cache, path)
+    return issues
+
+
+# What a directory source may not hold or sit in: the agent reads it as root and every team
+# reads what it copies (the kubelet's client key and every pod's volumes, the cache itself).
+NODE_PRIVATE_DIRS = (
+    *NODE_STATE_DIRS,
+    ARRAY_PARENT,
+    *("/etc", "/root", "/boot", "/proc", "/sys", "/dev", "/run", "/var/run"),
+)
+
+
+def _cache_source_checks(cache: Mapping[str, Any], path: str) -> list[ConfigIssue]:
+    """Directory sources (normalised: the schema's pattern) against hostDir and the node's
+    own state."""
+    issues: list[ConfigIssue] = []
+    sources = cache.get("sources")
+    host_dir = cache.get("hostDir", DEFAULT_CACHE_DIR)
+    for i, source in enumerate(sources if isinstance(sources, list) else []):
+        if not isinstance(source, str) or posixpath.normpath(source) + "/" != source:
+            continue  # S3, or not a normalised directory: the schema's pattern says so
+        private = (host_dir, *NODE_PRIVATE_DIRS) if isinstance(host_dir, str) else NODE_PRIVATE_DIRS
+        held = [d for d in dict.fromkeys(private) if _overlaps(source, d)]
+        if held:
+            issues.append(
+                ConfigIssue(
+                    join_path(path, "sources", i),
+                    f"{source!r} overlaps {_and_list(held)}: every team reads a source through "
+                    "the cache agent, which reads as root; list only dataset directories, such "
+                    "as /fsx/datasets/",
+                )
+            )
     return issues
 
 
@@ -346,6 +408,7 @@ def build_storage(
         lustre=lustre,
         efs=efs,
         existing_lustre=existing,
+        layout_image=storage["layoutImage"],
         nvme_cache=cache,
         checkpoint_bucket=bucket,
         retention_days=checkpoints["retentionDays"],

@@ -13,6 +13,7 @@ from typing import Any
 from trainstack import outputs as out
 from trainstack.builders import labels
 from trainstack.builders.autoscaler import SAFE_TO_EVICT
+from trainstack.builders.cache import cache_source_issue
 from trainstack.builders.pools import GPU_TOLERATION, TRAINING_UID
 from trainstack.builders.scheduling import SVC_PLUGIN_ARGS, priority_class_name
 from trainstack.builders.storage import CACHE_DRIVER, CHECKPOINTS_MOUNT
@@ -22,7 +23,6 @@ from trainstack.contracts import runtime as contract
 from trainstack.jobs.lifecycle import TASK_MAX_RETRY, lifecycle_policies, volcano_max_retry
 from trainstack.jobs.platform import PlatformView, profile
 from trainstack.jobs.spec import JobSpec, cpu_millis, memory_bytes
-from trainstack.policy.pod_security import SETUP_CAPABILITIES
 
 MASTER, WORKER, PS = "master", "worker", "ps"
 API_VERSION = "batch.volcano.sh/v1alpha1"
@@ -216,16 +216,11 @@ def _storage_issues(spec: JobSpec, view: PlatformView) -> list[ConfigIssue]:
         )
         return issues
     # The node's cache agent fetches with its own credentials, only from these prefixes.
+    # Component by component on a normalised path, as the agent checks (builders/cache.py).
     source, allowed = _cache_source(spec, view), view.cache_sources()
-    if not any(source.startswith(prefix) for prefix in allowed):
-        issues.append(
-            ConfigIssue(
-                "job.spec.data.cacheFrom",
-                f"{source!r} is not under a source the node cache fetches from "
-                f"({', '.join(allowed) or 'none'}); the platform adds one in "
-                "storage.nvmeCache.sources",
-            )
-        )
+    refused = cache_source_issue(source, allowed)
+    if refused is not None:
+        issues.append(ConfigIssue("job.spec.data.cacheFrom", refused))
     return issues
 
 
@@ -343,13 +338,16 @@ def _pod(
         nproc = gpus
     requests = {"cpu": res.cpu, "memory": res.memory, **devices}
     limits = {"cpu": res.cpu_limit, "memory": res.memory_limit, **devices}
-    team_dir = storage.get("checkpointSubPath", f"checkpoints/{spec.team}")
+    # The claim's root is the team's own directory (builders/storage.team_volumes), so the
+    # job's directory is a sub-path below it, which the kubelet creates on first use with the
+    # group and mode that let the non-root trainer write it (storage.TEAM_DIR_MODE).
+    team_dir = storage.get("checkpointSubPath", "")
     mounts: list[dict[str, Any]] = [
         {"name": "dshm", "mountPath": "/dev/shm"},
         {
             "name": "checkpoints",
             "mountPath": CHECKPOINTS_MOUNT,
-            "subPath": f"{team_dir}/{spec.name}",
+            "subPath": _join(team_dir, spec.name),
         },
     ]
     volumes: list[dict[str, Any]] = [
@@ -359,37 +357,28 @@ def _pod(
             "persistentVolumeClaim": {"claimName": storage.get("checkpointClaim", "checkpoints")},
         },
     ]
-    init: list[dict[str, Any]] = []
-    owner = storage.get("checkpointOwner")
-    if owner is not None:
-        init.append(_checkpoint_dir(spec, team_dir, int(owner)))
     if spec.data is not None and spec.data.source == "lustre":
-        claim = storage.get("datasetClaim", "datasets")
-        # One pod volume per claim: the kubelet keys CSI volumes by driver and handle, so a
-        # claim listed twice never finishes mounting (kubernetes/kubernetes#91556, #132921).
-        # Datasets on the checkpoint claim are a read-only sub-path of the same volume.
-        shared = claim == storage.get("checkpointClaim", "checkpoints")
+        # The datasets volume is read-only where it is mounted (the PV's mount options); the
+        # claim and the mount say so too (policy rule pod-volumes).
         mounts.append(
             {
-                "name": "checkpoints" if shared else "data",
+                "name": "data",
                 "mountPath": spec.data.mount_path,
-                "subPath": "/".join(
-                    (
-                        storage.get("datasetSubPath", "datasets"),
-                        spec.data.dataset,
-                        spec.data.version,
-                    )
+                "subPath": _join(
+                    storage.get("datasetSubPath", ""), spec.data.dataset, spec.data.version
                 ),
                 "readOnly": True,
             }
         )
-        if not shared:
-            volumes.append(
-                {
-                    "name": "data",
-                    "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
-                }
-            )
+        volumes.append(
+            {
+                "name": "data",
+                "persistentVolumeClaim": {
+                    "claimName": storage.get("datasetClaim", "datasets"),
+                    "readOnly": True,
+                },
+            }
+        )
     elif spec.data is not None:
         mounts.append({"name": "dataset", "mountPath": spec.data.mount_path, "readOnly": True})
         volumes.append(_cache_volume(spec, view, storage))
@@ -420,8 +409,7 @@ def _pod(
     metadata: dict[str, Any] = {"labels": task_labels, "annotations": {SAFE_TO_EVICT: "false"}}
     if role != PS:  # replicas with the pool's RDMA devices; parameter servers have none
         metadata["annotations"] |= fabric.pod_annotations()
-    for c in [*init, container]:
-        c.setdefault("securityContext", copy.deepcopy(RESTRICTED_CONTAINER))
+    container["securityContext"] = copy.deepcopy(RESTRICTED_CONTAINER)
     selector = pool.get("nodeSelector", {})
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # Volcano reads exit codes only from Failed pods
@@ -450,9 +438,12 @@ def _pod(
         },
         "tolerations": [GPU_TOLERATION],
     }
-    if init:
-        pod_spec["initContainers"] = init
     return {"metadata": metadata, "spec": pod_spec}
+
+
+def _join(*parts: str) -> str:
+    """A sub-path from its non-empty parts."""
+    return "/".join(p.strip("/") for p in parts if p.strip("/"))
 
 
 # Volcano names each pod's PodGroup `<job>-<job uid>` in this annotation (v1.15.1
@@ -464,13 +455,12 @@ INSTANCE_ENV: dict[str, Any] = {
     "name": contract.ENV_JOB_INSTANCE,
     "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{PODGROUP_ANNOTATION}']"}},
 }
-TEAM_CHECKPOINTS = "/team-checkpoints"
 # Pod Security `restricted` (k8s.io/pod-security-admission v0.37.2 policy/
 # check_runAsNonRoot.go, check_runAsUser.go, check_seccompProfile_restricted.go,
 # check_allowPrivilegeEscalation.go, check_capabilities_restricted.go): the images' user, the
-# runtime's default seccomp profile, no capabilities, no privilege escalation. The one
-# exception, `checkpoint-dir`, is stated there and in docs/policies.md; the `hardened-pods`
-# rule holds every job to this.
+# runtime's default seccomp profile, no capabilities, no privilege escalation. No exception
+# (issue 37): the `hardened-pods` rule holds every job to this, and team namespaces enforce
+# `restricted`.
 RESTRICTED_POD: dict[str, Any] = {
     "runAsNonRoot": True,
     "runAsUser": TRAINING_UID,
@@ -481,47 +471,6 @@ RESTRICTED_CONTAINER: dict[str, Any] = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
 }
-
-
-def _checkpoint_dir(spec: JobSpec, team_dir: str, owner: int) -> dict[str, Any]:
-    """An init container that creates the job's checkpoint directory, owned by `owner`.
-
-    Left to the kubelet, the directory would be root-owned with the mode of the volume's root
-    (see builders/storage.py team_storage), and the images' user could not write it. It
-    mounts the team's directory, which the admission rule allows, and `install -d` also
-    repairs the owner and mode of a directory an earlier job left root-owned. Root with
-    only CHOWN, DAC_OVERRIDE and FOWNER, all in Pod Security baseline's list.
-    """
-    return {
-        "name": "checkpoint-dir",
-        "image": spec.image,
-        "command": [
-            "install",
-            "-d",
-            "-o",
-            str(owner),
-            "-g",
-            str(owner),
-            "-m",
-            "0750",
-            f"{TEAM_CHECKPOINTS}/{spec.name}",
-        ],
-        # The pod runs as the images' user; this container alone is root (runAsNonRoot off
-        # for it), with no capability but the three `install` needs.
-        "securityContext": {
-            "runAsNonRoot": False,
-            "runAsUser": 0,
-            "runAsGroup": 0,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"], "add": list(SETUP_CAPABILITIES)},
-        },
-        "resources": _resources(
-            {"cpu": "100m", "memory": "64Mi"}, {"cpu": "100m", "memory": "64Mi"}
-        ),
-        "volumeMounts": [
-            {"name": "checkpoints", "mountPath": TEAM_CHECKPOINTS, "subPath": team_dir}
-        ],
-    }
 
 
 def _task(spec: JobSpec, view: PlatformView, name: str, replicas: int, gpus: int) -> dict[str, Any]:

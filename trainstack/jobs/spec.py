@@ -16,7 +16,7 @@ from trainstack.config import k8s_syntax
 from trainstack.config.errors import ConfigError, ConfigIssue, join_path
 from trainstack.config.schema import apply_defaults, schema_issues
 from trainstack.contracts.runtime import CHECKPOINT_DIR_DEFAULT, ENV_CHECKPOINT_DIR
-from trainstack.policy.rules import MOVING_TAG, is_pinned
+from trainstack.policy.rules import MOVING_TAG, is_pinned, reserved_key
 
 SCHEMA = "job.schema.json"
 API_VERSION = "trainstack.io/v1alpha1"
@@ -233,7 +233,7 @@ def _reserved_label_issues(meta: object, path: str) -> list[ConfigIssue]:
     given = meta.get("labels") if isinstance(meta, Mapping) else None
     if not isinstance(given, Mapping):
         return []
-    return [
+    issues = [
         ConfigIssue(
             join_path(path, str(key)),
             "is set by trainstack on every job and pod; a value here would be replaced, so "
@@ -242,6 +242,17 @@ def _reserved_label_issues(meta: object, path: str) -> list[ConfigIssue]:
         for key in given
         if str(key).startswith(RESERVED_LABEL_PREFIX) or key in RESERVED_LABELS
     ]
+    # Volcano reads these to schedule and preempt (policy rule scheduling-keys, issue 37).
+    issues += [
+        ConfigIssue(
+            join_path(path, str(key)),
+            "is a key Volcano reads to schedule or preempt, which the platform sets through "
+            "the queue and spec.priority; remove it",
+        )
+        for key in given
+        if reserved_key(str(key))
+    ]
+    return issues
 
 
 def structural_issues(doc: Mapping[str, Any], root: str = "job") -> list[ConfigIssue]:

@@ -26,20 +26,24 @@ from trainstack.policy.pod_security import (
     PROBES,
     RESTRICTED_CAPABILITIES,
     RESTRICTED_VOLUMES,
-    SETUP_CAPABILITIES,
 )
 from trainstack.policy.rules import (
+    CACHE_DRIVER,
     CHECKPOINT_ENV,
     CHECKPOINT_PATH,
-    DATASETS_DIR,
+    DATASETS_CLAIM,
     DIGEST,
     GPU_TAINT_KEY,
     K8S_RULES,
     MAX_DURATION_ANNOTATION,
     MOVING_TAG,
     PINNED_IMAGE,
+    PLUGINS,
     POOL_LABEL,
-    SHARED_CLAIM,
+    PYTORCH_ARG,
+    SCHEDULING_KEY_PREFIXES,
+    SCHEDULING_KEYS,
+    SVC_PLUGIN_ARGS,
     UPDATE_READS,
     VOLCANO_SCHEDULER,
 )
@@ -73,16 +77,69 @@ def _q(expr: str) -> str:
     return f"quantity(string({expr})).asApproximateFloat()"
 
 
-def _shared_mounts(body: str) -> str:
-    """BODY (over `m`) holds for every mount, in any container, of a volume on the shared
-    file system's claim (`v`)."""
+def _datasets_mounts(body: str) -> str:
+    """BODY (over `m`) holds for every mount, in any container, of a volume on the datasets
+    claim (`v`)."""
     mounts = f"!has(c.volumeMounts) || c.volumeMounts.all(m, m.name != v.name || ({body}))"
     return (
         "variables.pods.all(p, !has(p.volumes) || p.volumes.all(v, "
         "!has(v.persistentVolumeClaim) || "
-        f"v.persistentVolumeClaim.claimName != {_str(SHARED_CLAIM)} || "
+        f"v.persistentVolumeClaim.claimName != {_str(DATASETS_CLAIM)} || "
         f"(p.containers.all(c, {mounts}) && "
         f"(!has(p.initContainers) || p.initContainers.all(c, {mounts})))))"
+    )
+
+
+def _pod_volumes() -> str:
+    """rules.pod_volumes."""
+    volume = (
+        "!has(v.ephemeral) && "
+        f"(!has(v.csi) || (v.csi.driver == {_str(CACHE_DRIVER)} && has(v.csi.readOnly) && "
+        "v.csi.readOnly)) && "
+        "(!has(v.persistentVolumeClaim) || "
+        f"v.persistentVolumeClaim.claimName != {_str(DATASETS_CLAIM)} || "
+        "(has(v.persistentVolumeClaim.readOnly) && v.persistentVolumeClaim.readOnly))"
+    )
+    return (
+        f"variables.pods.all(p, !has(p.volumes) || p.volumes.all(v, {volume})) && "
+        + _datasets_mounts("has(m.readOnly) && m.readOnly")
+    )
+
+
+def _reserved(key: str) -> str:
+    prefixes = " || ".join(f"{key}.startsWith({_str(p)})" for p in SCHEDULING_KEY_PREFIXES)
+    return f"({prefixes} || {key} in {_list(SCHEDULING_KEYS)})"
+
+
+def _scheduling_keys() -> str:
+    """rules.scheduling_keys: the Job's and its templates' labels and annotations."""
+
+    def clean(meta: str) -> str:
+        return " && ".join(
+            f"(!has({meta}.{kind}) || {meta}.{kind}.all(k, !{_reserved('k')}))"
+            for kind in ("labels", "annotations")
+        )
+
+    return (
+        f"{clean('object.metadata')} && object.spec.tasks.all(t, "
+        f"!has(t.template.metadata) || ({clean('t.template.metadata')}))"
+    )
+
+
+def _job_plugins() -> str:
+    """rules.job_plugins / plugin_args_ok."""
+    args = "object.spec.plugins[n]"
+    pytorch = (
+        f"{args}.all(a, a.matches({_str('^' + PYTORCH_ARG.pattern + '$')})) && "
+        + " && ".join(
+            f"size({args}.filter(a, a.startsWith({_str(f'--{k}=')}))) <= 1"
+            for k in ("master", "worker", "port")
+        )
+    )
+    return (
+        f"!has(object.spec.plugins) || object.spec.plugins.all(n, n in {_list(PLUGINS)} && "
+        f"(n == 'env' ? size({args}) == 0 : n == 'svc' ? {args} == {_list(SVC_PLUGIN_ARGS)} : "
+        f"({pytorch})))"
     )
 
 
@@ -156,18 +213,16 @@ def expressions(cfg: Config) -> dict[str, str]:
             "'memory' in c.resources.limits"
         ),
         "own-queue": "has(object.spec.queue) && object.spec.queue == namespaceObject.metadata.name",
-        "shared-filesystem-subpaths": _shared_mounts(
-            "!has(m.subPathExpr) && has(m.subPath) && !m.subPath.contains('..') && "
-            "(m.subPath == 'checkpoints/' + namespaceObject.metadata.name || "
-            "m.subPath.startsWith('checkpoints/' + namespaceObject.metadata.name + '/') || "
-            f"(has(m.readOnly) && m.readOnly && (m.subPath == {_str(DATASETS_DIR)} || "
-            f"m.subPath.startsWith({_str(DATASETS_DIR + '/')}))))"
-        ),
+        "pod-volumes": _pod_volumes(),
+        "job-volumes": "!has(object.spec.volumes) || size(object.spec.volumes) == 0",
+        "scheduling-keys": _scheduling_keys(),
+        "job-plugins": _job_plugins(),
         "volcano-scheduled": (
             "(!has(object.spec.schedulerName) || object.spec.schedulerName in "
-            f"['', {_str(VOLCANO_SCHEDULER)}]) && variables.pods.all(p, "
+            f"['', {_str(VOLCANO_SCHEDULER)}]) && {_team_priority()} && variables.pods.all(p, "
             f"(!has(p.schedulerName) || p.schedulerName in ['', {_str(VOLCANO_SCHEDULER)}]) && "
-            "(!has(p.priorityClassName) || p.priorityClassName == ''))"
+            "(!has(p.priorityClassName) || p.priorityClassName == '') && "
+            "(!has(p.nodeName) || p.nodeName == ''))"
         ),
         "shm-sized": _first_container_mount(
             "/dev/shm",
@@ -187,6 +242,18 @@ def expressions(cfg: Config) -> dict[str, str]:
             + _baseline()
         ),
     }
+
+
+def _team_priority() -> str:
+    """rules.volcano_scheduled's priority check: the namespace's annotation lists the short
+    names of the classes the team may use (builders/platform.team_namespace)."""
+    ann = "namespaceObject.metadata.annotations"
+    key = _str(labels.TEAM_PRIORITY_ANNOTATION)
+    return (
+        "(!has(object.spec.priorityClassName) || object.spec.priorityClassName == '' || "
+        f"!has({ann}) || !({key} in {ann}) || {ann}[{key}].split(',').exists(c, "
+        "'trainstack-' + c == object.spec.priorityClassName))"
+    )
 
 
 def _wants_gpu(p: str) -> str:
@@ -239,28 +306,23 @@ def _gpu_placement(cfg: Config) -> str:
     )
 
 
-def _hardened_container(init: bool) -> str:
+def _hardened_container() -> str:
     """pod_security._hardened_container over `c` in pod `p`."""
     sc, psc = "c.securityContext", "p.securityContext"
-    allowed = sorted(RESTRICTED_CAPABILITIES | (set(SETUP_CAPABILITIES) if init else set()))
     profiles = _list(CONFINED_PROFILES)
-    body = (
+    return (
         f"has({sc}) && has({sc}.allowPrivilegeEscalation) && !{sc}.allowPrivilegeEscalation && "
         f"has({sc}.capabilities) && has({sc}.capabilities.drop) && "
         f"'ALL' in {sc}.capabilities.drop && (!has({sc}.capabilities.add) || "
-        f"{sc}.capabilities.add.all(x, x in {_list(allowed)})) && "
+        f"{sc}.capabilities.add.all(x, x in {_list(sorted(RESTRICTED_CAPABILITIES))})) && "
         f"(has({sc}.seccompProfile) ? (has({sc}.seccompProfile.type) && "
         f"{sc}.seccompProfile.type in {profiles}) : (has({psc}) && "
         f"has({psc}.seccompProfile) && has({psc}.seccompProfile.type) && "
-        f"{psc}.seccompProfile.type in {profiles}))"
+        f"{psc}.seccompProfile.type in {profiles})) && "
+        f"(has({sc}.runAsNonRoot) ? {sc}.runAsNonRoot : (has({psc}) && "
+        f"has({psc}.runAsNonRoot) && {psc}.runAsNonRoot)) && "
+        f"(!has({sc}.runAsUser) || {sc}.runAsUser != 0)"
     )
-    if not init:
-        body += (
-            f" && (has({sc}.runAsNonRoot) ? {sc}.runAsNonRoot : (has({psc}) && "
-            f"has({psc}.runAsNonRoot) && {psc}.runAsNonRoot)) && "
-            f"(!has({sc}.runAsUser) || {sc}.runAsUser != 0)"
-        )
-    return body
 
 
 def _hardened() -> str:
@@ -271,8 +333,8 @@ def _hardened() -> str:
         "!p.automountServiceAccountToken && !(has(p.securityContext) && "
         "has(p.securityContext.runAsUser) && p.securityContext.runAsUser == 0) && "
         f"(!has(p.volumes) || p.volumes.all(v, {volumes})) && "
-        f"p.containers.all(c, {_hardened_container(False)}) && (!has(p.initContainers) || "
-        f"p.initContainers.all(c, {_hardened_container(True)})))"
+        f"p.containers.all(c, {_hardened_container()}) && (!has(p.initContainers) || "
+        f"p.initContainers.all(c, {_hardened_container()})))"
     )
 
 
@@ -345,13 +407,23 @@ def _inputs(rule: str, o: str) -> list[str]:
     if reads == "queue":
         return [f"(has({o}.spec.queue) ? {o}.spec.queue : '')"]
     if reads == "scheduler":
-        return [f"(has({o}.spec.schedulerName) ? {o}.spec.schedulerName : '')", templates]
+        return [
+            f"(has({o}.spec.schedulerName) ? {o}.spec.schedulerName : '')",
+            f"(has({o}.spec.priorityClassName) ? {o}.spec.priorityClassName : '')",
+            templates,
+        ]
+    if reads == "volumes":
+        return [f"(has({o}.spec.volumes) ? {o}.spec.volumes : [])"]
+    if reads == "plugins":
+        return [f"(has({o}.spec.plugins) ? {o}.spec.plugins : {{}})"]
     return [templates]
 
 
-def judged(rule: str) -> dict[str, str]:
+def judged(rule: str) -> dict[str, str] | None:
     """The matchCondition of a rule's policy: every CREATE, and an UPDATE that changes what
-    the rule reads (rules.judged_on_update; issue 19 #8)."""
+    the rule reads (rules.judged_on_update; issue 19 #8). None: every request."""
+    if UPDATE_READS.get(rule) == "always":
+        return None
     changed = " || ".join(
         f"{new} != {old}"
         for new, old in zip(_inputs(rule, "object"), _inputs(rule, "oldObject"), strict=True)
@@ -368,12 +440,13 @@ def admission_policies(
     cel = expressions(cfg)
     manifests: list[dict[str, Any]] = []
     for rule in K8S_RULES:
+        condition = judged(rule.name)
         manifests += team_policy(
             f"{POLICY_PREFIX}{rule.name}",
             stack,
             resource_rules=[VOLCANO_JOBS],
             variables=[PODS_VARIABLE],
-            match_conditions=[judged(rule.name)],
+            match_conditions=[condition] if condition is not None else None,
             validations=[
                 {
                     "expression": cel[rule.name],

@@ -51,6 +51,10 @@ class Config:
     # of POOL_LABEL, the label of the pools trainstack creates.
     pool_selectors: Sequence[Mapping[str, str]] = ()
     production: bool = False
+    # Per team namespace: the PriorityClass names its jobs may use (the registry's
+    # priorityClasses); a namespace not listed is not checked (the CEL twin reads the
+    # namespace's trainstack.io/priority-classes annotation, the same list).
+    team_priority_classes: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> Config:
@@ -67,6 +71,10 @@ class Config:
                 for sel in as_seq(raw.get("poolSelectors", ()))
             ),
             production=bool(raw.get("production", False)),
+            team_priority_classes={
+                str(k): tuple(str(c) for c in as_seq(v))
+                for k, v in as_map(raw.get("teamPriorityClasses", {})).items()
+            },
         )
 
 

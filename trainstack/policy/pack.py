@@ -46,6 +46,10 @@ CONFIG_SCHEMA = PolicyConfigSchema(
             "default": [],
         },
         "production": {"type": "boolean", "default": False},
+        "teamPriorityClasses": {
+            "type": "object",
+            "additionalProperties": {"type": "array", "items": {"type": "string"}},
+        },
     }
 )
 

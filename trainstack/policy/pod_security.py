@@ -115,19 +115,18 @@ def no_privileged(job: Mapping[str, Any], cfg: Config) -> list[str]:
 
 
 # Pod Security `restricted` (k8s.io/pod-security-admission v0.37.2 policy/check_*.go of
-# Level restricted), which the platform's own job pods meet (jobs/render.py RESTRICTED_POD)
-# but for one stated exception: an init container may run as root to prepare a directory,
-# with no capability beyond SETUP_CAPABILITIES (the `checkpoint-dir` container on Lustre).
+# Level restricted), which the platform's own job pods meet (jobs/render.py RESTRICTED_POD),
+# init containers included. Until issue 37 an init container could run as root with CHOWN,
+# DAC_OVERRIDE and FOWNER, for the job layer's `checkpoint-dir` step; any member could use
+# that exception with any image and command. The team's checkpoint directory is now made
+# group-writable by the platform (builders/storage.py), so nothing of a team runs as root.
 RESTRICTED_CAPABILITIES = frozenset({"NET_BIND_SERVICE"})  # check_capabilities_restricted.go
-SETUP_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER")
 # check_restrictedVolumes.go: a volume passes if it has any of these sources.
 RESTRICTED_VOLUMES = ("configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "image",
                       "persistentVolumeClaim", "projected", "secret")  # fmt: skip
 
 
-def _hardened_container(
-    who: str, c: Mapping[str, Any], pod_sc: Mapping[str, Any], init: bool
-) -> list[str]:
+def _hardened_container(who: str, c: Mapping[str, Any], pod_sc: Mapping[str, Any]) -> list[str]:
     sc = as_map(c.get("securityContext"))
     found = []
     if sc.get("allowPrivilegeEscalation") is not False:
@@ -135,24 +134,22 @@ def _hardened_container(
     caps = as_map(sc.get("capabilities"))
     if "ALL" not in [str(x) for x in as_seq(caps.get("drop"))]:
         found.append(f"{who}: capabilities.drop does not hold ALL")
-    allowed = RESTRICTED_CAPABILITIES | (set(SETUP_CAPABILITIES) if init else set())
-    added = {str(a) for a in as_seq(caps.get("add"))} - allowed
+    added = {str(a) for a in as_seq(caps.get("add"))} - RESTRICTED_CAPABILITIES
     if added:
         found.append(f"{who}: adds capabilities {sorted(added)}")
     seccomp = sc.get("seccompProfile") if "seccompProfile" in sc else pod_sc.get("seccompProfile")
     if as_map(seccomp).get("type") not in CONFINED_PROFILES:
         found.append(f"{who}: no RuntimeDefault or Localhost seccomp profile")
-    if not init:  # the exception: init containers may run as root (see above)
-        non_root = sc["runAsNonRoot"] if "runAsNonRoot" in sc else pod_sc.get("runAsNonRoot")
-        if non_root is not True:
-            found.append(f"{who}: runAsNonRoot is not true")
-        if "runAsUser" in sc and float(sc["runAsUser"]) == 0:
-            found.append(f"{who}: runAsUser is 0")
+    non_root = sc["runAsNonRoot"] if "runAsNonRoot" in sc else pod_sc.get("runAsNonRoot")
+    if non_root is not True:
+        found.append(f"{who}: runAsNonRoot is not true")
+    if "runAsUser" in sc and float(sc["runAsUser"]) == 0:
+        found.append(f"{who}: runAsUser is 0")
     return found
 
 
 def hardened_pods(job: Mapping[str, Any], cfg: Config) -> list[str]:
-    """Issue 19 #10: job pods meet Pod Security restricted, with the init-container exception,
+    """Issue 19 #10: job pods meet Pod Security restricted (issue 37: init containers too)
     and do not mount the service-account token they never use."""
     del cfg
     found = []
@@ -165,8 +162,6 @@ def hardened_pods(job: Mapping[str, Any], cfg: Config) -> list[str]:
         for v in (as_map(x) for x in as_seq(pod.get("volumes"))):
             if not any(k in v for k in RESTRICTED_VOLUMES):
                 found.append(f"task {task}: volume {v.get('name')} is not of a restricted type")
-        for key, init in (("initContainers", True), ("containers", False)):
-            for c in (as_map(x) for x in as_seq(pod.get(key))):
-                who = f"task {task}, container {c.get('name')}"
-                found += _hardened_container(who, c, pod_sc, init)
+        for c in containers(pod):
+            found += _hardened_container(f"task {task}, container {c.get('name')}", c, pod_sc)
     return found

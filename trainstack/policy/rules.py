@@ -270,49 +270,171 @@ def own_queue(job: Mapping[str, Any], cfg: Config) -> list[str]:
     return []
 
 
-# The team's claim on the shared file system (builders/storage.LUSTRE_CLAIM): its PV mounts
-# the whole file system, so the sub-path is what keeps one team out of another's checkpoints.
-SHARED_CLAIM = "lustre"
-DATASETS_DIR = "datasets"  # builders/storage.DATASETS_PATH, relative
+# The team's claims on the shared file system (builders/storage): since issue 37 each is a
+# volume of its own, rooted at the team's directory (checkpoints) or at the datasets, so no
+# sub-path, symlink or `..` a member can name reaches another team: the kubelet resolves a
+# sub-path on the host and refuses a result outside the volume (k8s.io/kubernetes v1.37.2
+# pkg/volume/util/subpath/subpath_linux.go doBindSubPath, safeOpenSubPath). What a rule
+# still says: datasets are mounted read-only (the datasets PV's mountOptions make the Lustre
+# mount `ro` whatever a pod says; this keeps the pod honest about it).
+DATASETS_CLAIM = "datasets"  # builders/storage.DATASETS_CLAIM
+# The node cache agent's CSI driver (builders/storage.CACHE_DRIVER): the only driver whose
+# inline volumes a team pod may name. An inline volume of a Lustre or EFS driver would mount
+# whatever its attributes say (fsx.csi.aws.com v1.9.0 pkg/driver/node.go NodePublishVolume
+# builds the source from volume_context alone); their CSIDriver objects allow only Persistent
+# volumes today (the API server's default, k8s v1.37.2 pkg/apis/storage/v1/defaults.go), and
+# this rule does not rest on that staying so.
+CACHE_DRIVER = "cache.trainstack.io"
 
 
-def shared_subpath_ok(sub: object, team: object, read_only: object) -> bool:
-    if not isinstance(sub, str) or ".." in sub:
-        return False
-    own = f"checkpoints/{team}"
-    if sub == own or sub.startswith(own + "/"):
-        return True
-    return read_only is True and (sub == DATASETS_DIR or sub.startswith(DATASETS_DIR + "/"))
-
-
-def shared_filesystem_subpaths(job: Mapping[str, Any], cfg: Config) -> list[str]:
-    """Issue 17 #5: a job mounts the shared file system only at its team's checkpoint
-    directory, or read-only below datasets/. Without a sub-path (or with subPathExpr) the
-    team's PV gives the whole file system, every team's checkpoints included."""
+def pod_volumes(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    """Issue 37: a pod mounts only what the platform gives its team. Inline CSI volumes of the
+    cache driver alone, read-only (the agent refuses a writable publish too); no generic
+    ephemeral volumes, whose claim the ephemeral-volume controller creates from the pod's
+    template verbatim, any storage class, `volumeName` or `dataSource` (k8s v1.37.2
+    pkg/controller/volume/ephemeral/controller.go handleVolume); the datasets claim
+    read-only, in the volume and in every mount of it."""
     del cfg
-    team = as_map(job.get("metadata")).get("namespace")
     found = []
     for task, pod in pods(job):
-        shared = {
-            str(as_map(v).get("name"))
-            for v in as_seq(pod.get("volumes"))
-            if as_map(as_map(v).get("persistentVolumeClaim")).get("claimName") == SHARED_CLAIM
-        }
+        datasets = set()
+        for v in (as_map(x) for x in as_seq(pod.get("volumes"))):
+            name = v.get("name")
+            if "ephemeral" in v:
+                found.append(
+                    f"task {task}: volume {name} is a generic ephemeral volume (it creates a "
+                    "claim from any spec)"
+                )
+            if "csi" in v:
+                csi = as_map(v.get("csi"))
+                if csi.get("driver") != CACHE_DRIVER:
+                    found.append(
+                        f"task {task}: volume {name} is an inline volume of driver "
+                        f"{csi.get('driver')!r}; only {CACHE_DRIVER} is allowed"
+                    )
+                elif csi.get("readOnly") is not True:
+                    found.append(f"task {task}: cache volume {name} is not readOnly: true")
+            claim = as_map(v.get("persistentVolumeClaim"))
+            if claim.get("claimName") == DATASETS_CLAIM:
+                datasets.add(str(name))
+                if claim.get("readOnly") is not True:
+                    found.append(
+                        f"task {task}: volume {name} mounts the {DATASETS_CLAIM} claim "
+                        "without readOnly: true"
+                    )
         for c in containers(pod):
             for m in (as_map(x) for x in as_seq(c.get("volumeMounts"))):
-                if str(m.get("name")) not in shared:
-                    continue
-                sub = m.get("subPath")
-                if "subPathExpr" in m or not shared_subpath_ok(sub, team, m.get("readOnly")):
+                if str(m.get("name")) in datasets and m.get("readOnly") is not True:
                     found.append(
-                        f"task {task}: {c.get('name')} mounts the shared file system at "
-                        f"{m.get('mountPath')} with subPath {sub!r}; allowed: "
-                        f"checkpoints/{team}/…, or read-only {DATASETS_DIR}/…"
+                        f"task {task}: {c.get('name')} mounts the {DATASETS_CLAIM} claim at "
+                        f"{m.get('mountPath')} without readOnly: true"
                     )
     return found
 
 
+def job_volumes(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    """Issue 37 #2: Volcano mounts every entry of a Job's `spec.volumes` read-write into every
+    container, without a sub-path, and creates a claim from a `volumeClaim` entry's spec as
+    it stands (v1.15.1 pkg/controllers/job/job_controller_util.go createJobPod;
+    job_controller_actions.go createJobIOIfNotExist, createPVC): a member could create
+    claims with any class, `volumeName` or `dataSource`. The job layer never uses them."""
+    del cfg
+    volumes = as_seq(as_map(job.get("spec")).get("volumes"))
+    if volumes:
+        names = [str(as_map(v).get("volumeClaimName") or "a new claim") for v in volumes]
+        return [f"spec.volumes mounts {', '.join(names)} into every container; not allowed"]
+    return []
+
+
+# Keys Volcano's controller and scheduler read from a Job's, its PodGroup's and its pods'
+# labels and annotations (v1.15.1: pkg/scheduler/api/pod_info.go GetPodPreemptable,
+# job_info.go SetPodGroup and NewTaskInfo; pkg/controllers/job/job_controller_util.go
+# createJobPod, which copies the Job's preemptable, cooldown-time, revocable-zone and jdb-*
+# annotations onto every pod it creates, at each creation; job_controller_actions.go
+# createOrUpdatePodGroup, which gives the PodGroup all of the Job's labels and annotations).
+# `volcano.sh/preemptable: "false"` (or any value that does not parse) takes a job's pods off
+# every preempt and reclaim victim list, so borrowed GPUs are never returned. A team sets
+# none of them: the platform schedules through queues and priority classes. By prefix, so
+# that a key a later Volcano reads is refused too; `sla-waiting-time` is also read bare
+# (api/job_info.go).
+SCHEDULING_KEY_PREFIXES = ("volcano.sh/", "scheduling.volcano.sh/", "scheduling.k8s.io/")
+SCHEDULING_KEYS = ("sla-waiting-time",)
+
+
+def reserved_key(key: str) -> bool:
+    return key.startswith(SCHEDULING_KEY_PREFIXES) or key in SCHEDULING_KEYS
+
+
+def _metadata_keys(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
+    return [
+        (kind, str(key))
+        for kind in ("labels", "annotations")
+        for key in as_map(meta.get(kind))
+        if reserved_key(str(key))
+    ]
+
+
+def scheduling_keys(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    """Issue 37 #3: no Volcano scheduling key on the Job or its task templates."""
+    del cfg
+    found = [
+        f"the job's {kind} carry {key}, which Volcano reads to schedule or preempt"
+        for kind, key in _metadata_keys(as_map(job.get("metadata")))
+    ]
+    for task in (as_map(t) for t in as_seq(as_map(job.get("spec")).get("tasks"))):
+        meta = as_map(as_map(task.get("template")).get("metadata"))
+        found += [
+            f"task {task.get('name', '?')}: template {kind} carry {key}, which Volcano reads "
+            "to schedule or preempt"
+            for kind, key in _metadata_keys(meta)
+        ]
+    return found
+
+
+# The job plugins and arguments the job layer renders (jobs/render.py job_spec), nothing
+# else. Volcano validates plugin names, never their arguments (v1.15.1 pkg/webhooks/
+# admission/jobs/validate/admit_job.go validateJobCreate). What the others would open:
+# `ssh` rewrites any Secret `<job>-ssh` of the namespace and mounts member-chosen keys;
+# `svc` without --disable-network-policy adopts a NetworkPolicy named like the job and
+# deletes it when the job ends, whoever made it (pkg/controllers/job/plugins/svc/svc.go
+# OnJobAdd, OnJobDelete), so two jobs named like the team's policies would lift them;
+# pytorch's --wait-master-image adds an init container of any image (plugins/pytorch);
+# mpi brings ssh with it (the mutating webhook adds it, mutate_job.go).
 VOLCANO_SCHEDULER = "volcano"
+SVC_PLUGIN_ARGS = ("--disable-network-policy=true",)  # builders/scheduling.SVC_PLUGIN_ARGS
+PYTORCH_ARG = re.compile(r"--(master|worker|port)=.+")  # each at most once
+PLUGINS = ("env", "pytorch", "svc")
+
+
+def plugin_args_ok(name: str, args: Sequence[object]) -> bool:
+    if name == "env":
+        return len(args) == 0
+    if name == "svc":
+        return list(args) == list(SVC_PLUGIN_ARGS)
+    if name == "pytorch":
+        keys = [str(a).split("=", 1)[0] for a in args]
+        return all(isinstance(a, str) and PYTORCH_ARG.fullmatch(a) for a in args) and len(
+            keys
+        ) == len(set(keys))
+    return False
+
+
+def job_plugins(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    del cfg
+    found = []
+    plugins = as_map(as_map(job.get("spec")).get("plugins"))
+    for name, raw in plugins.items():
+        args = list(as_seq(raw))
+        if name not in PLUGINS:
+            found.append(f"plugin {name!r} is not allowed (allowed: {', '.join(PLUGINS)})")
+        elif not plugin_args_ok(str(name), args):
+            allowed = {
+                "env": "none",
+                "svc": " ".join(SVC_PLUGIN_ARGS),
+                "pytorch": "--master=, --worker=, --port=, each once",
+            }[str(name)]
+            found.append(f"plugin {name} has arguments {args!r}; allowed: {allowed}")
+    return found
 
 
 def volcano_scheduled(job: Mapping[str, Any], cfg: Config) -> list[str]:
@@ -323,18 +445,33 @@ def volcano_scheduled(job: Mapping[str, Any], cfg: Config) -> list[str]:
     createJobPod); its mutating webhook sets an empty job schedulerName to `volcano`
     (mutate_job.go). A template naming another scheduler would run pods outside the team's
     queue, which is the only GPU quota a team namespace has (builders/teams.resource_quota).
+    A template `nodeName` skips scheduling altogether (issue 37 #3): the pod lands on that
+    node, past the queue, the gang and the GPU taint, and still counts in the queue
+    (api/job_info.go NewTaskInfo takes it as bound). The job's priority class sets its
+    PodGroup's priority (job_controller_actions.go createOrUpdatePodGroup, also on UPDATE;
+    cache.go Snapshot): only the team's classes (its registry entry).
     """
-    del cfg
     found = []
-    name = as_map(job.get("spec")).get("schedulerName", "")
+    spec = as_map(job.get("spec"))
+    name = spec.get("schedulerName", "")
     if name not in ("", VOLCANO_SCHEDULER):
         found.append(f"schedulerName {name!r} bypasses the team's queue")
+    team = str(as_map(job.get("metadata")).get("namespace", ""))
+    allowed = cfg.team_priority_classes.get(team)
+    priority = spec.get("priorityClassName", "")
+    if priority not in ("", None) and allowed is not None and priority not in allowed:
+        found.append(
+            f"priorityClassName {priority!r} is not one of team {team}'s classes "
+            f"({', '.join(allowed) or 'none'})"
+        )
     for task, pod in pods(job):
         name = pod.get("schedulerName", "")
         if name not in ("", VOLCANO_SCHEDULER):
             found.append(f"task {task}: schedulerName {name!r} bypasses the team's queue")
         if pod.get("priorityClassName", "") != "":
             found.append(f"task {task}: priorityClassName overrides the job's priority class")
+        if pod.get("nodeName", "") != "":
+            found.append(f"task {task}: nodeName {pod.get('nodeName')!r} bypasses the scheduler")
     return found
 
 
@@ -388,6 +525,12 @@ UPDATE_READS = {
     "max-duration": "annotation",
     "own-queue": "queue",
     "volcano-scheduled": "scheduler",
+    # No setting of its own tightens it, and a member may patch a Job's metadata at any time
+    # (Volcano's update webhook never looks at it, admit_job.go validateJobUpdate): every
+    # UPDATE is judged.
+    "scheduling-keys": "always",
+    "job-volumes": "volumes",
+    "job-plugins": "plugins",
 }  # the others read only the task templates
 
 
@@ -401,11 +544,17 @@ def update_inputs(rule: str, job: Mapping[str, Any]) -> object:
     if reads == "queue":
         return spec.get("queue", "")
     if reads == "scheduler":
-        return (spec.get("schedulerName", ""), templates)
+        return (spec.get("schedulerName", ""), spec.get("priorityClassName", ""), templates)
+    if reads == "volumes":
+        return spec.get("volumes", [])
+    if reads == "plugins":
+        return spec.get("plugins", {})
     return templates
 
 
 def judged_on_update(rule: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    if UPDATE_READS.get(rule) == "always":
+        return True
     return update_inputs(rule, old) != update_inputs(rule, new)
 
 
@@ -493,13 +642,26 @@ K8S_RULES: tuple[Rule, ...] = (
     Rule("own-queue", "a job uses its own team's queue",
          "submit to the queue named like your team namespace", (VOLCANO_JOB,), own_queue),
     Rule("volcano-scheduled", "a job's pods are scheduled by Volcano in its queue",
-         "leave schedulerName and the pod templates' priorityClassName unset (or "
-         "schedulerName: volcano)", (VOLCANO_JOB,), volcano_scheduled),
-    Rule("shared-filesystem-subpaths",
-         "the shared file system is mounted only at the team's checkpoints, or read-only "
-         "at datasets",
-         "mount the team's lustre claim with subPath checkpoints/<team>/… or, readOnly, "
-         "datasets/… (the job layer does)", (VOLCANO_JOB,), shared_filesystem_subpaths),
+         "leave schedulerName, nodeName and the pod templates' priorityClassName unset (or "
+         "schedulerName: volcano), and use one of the team's priority classes",
+         (VOLCANO_JOB,), volcano_scheduled),
+    Rule("pod-volumes",
+         "pods mount only the platform's volumes: the node cache read-only, datasets "
+         "read-only, no generic ephemeral volumes",
+         "mount the cache driver's inline volume with readOnly: true and the datasets claim "
+         "read-only, or render the job from a job spec (the job layer does)",
+         (VOLCANO_JOB,), pod_volumes),
+    Rule("job-volumes", "a job has no Job-level volumes",
+         "remove spec.volumes; the job layer mounts the team's claims in the task templates",
+         (VOLCANO_JOB,), job_volumes),
+    Rule("scheduling-keys",
+         "no Volcano scheduling keys (volcano.sh/, scheduling.volcano.sh/, "
+         "scheduling.k8s.io/) on the job or its task templates",
+         "remove them; priority and preemptibility come from the job spec's priority class",
+         (VOLCANO_JOB,), scheduling_keys),
+    Rule("job-plugins", "only the platform's job plugins, with its arguments",
+         "use the plugins env, svc (--disable-network-policy=true) and pytorch (--master, "
+         "--worker, --port) as the job layer renders them", (VOLCANO_JOB,), job_plugins),
     Rule("shm-sized", "/dev/shm is a sized, memory-backed volume",
          "set sharedMemory in the job spec", (VOLCANO_JOB,), shm_sized),
     Rule("no-privileged",
@@ -509,8 +671,8 @@ K8S_RULES: tuple[Rule, ...] = (
          "capabilities other than baseline's, and unconfined seccomp, AppArmor or SELinux "
          "settings", (VOLCANO_JOB,), no_privileged),
     Rule("hardened-pods",
-         "the pods meet Pod Security restricted (init containers may run as root with CHOWN, "
-         "DAC_OVERRIDE, FOWNER) and do not mount the service-account token",
+         "the pods meet Pod Security restricted, init containers included, and do not mount "
+         "the service-account token",
          "render the job from a job spec (the job layer does this), or set "
          "automountServiceAccountToken: false, runAsNonRoot: true, a RuntimeDefault seccomp "
          "profile, allowPrivilegeEscalation: false and capabilities.drop: [ALL]",

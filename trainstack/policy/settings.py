@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainstack.builders.pools import pool_selector
+from trainstack.builders.scheduling import priority_class_name
 from trainstack.config.model import PlatformConfig
 from trainstack.policy.objects import Config
 from trainstack.policy.rules import RULES, Rule
@@ -22,6 +23,10 @@ def pack_config(cfg: PlatformConfig) -> dict[str, Any]:
         "allowedRegistries": list(policy.allowed_registries),
         "poolSelectors": [pool_selector(cfg, pool) for pool in cfg.gpu_pools],
         "production": cfg.environment == "production",
+        "teamPriorityClasses": {
+            t.namespace: [priority_class_name(c) for c in t.priority_classes]
+            for t in cfg.registry.teams
+        },
     }
 
 

@@ -122,39 +122,50 @@ PERSISTENT_VOLUME = "kubernetes:core/v1:PersistentVolume"
 
 
 def pv_unique_volume_handle(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
-    """No two CSI PersistentVolumes of a plan name the same volume.
+    """No two CSI PersistentVolumes that one pod could use name the same volume.
 
     The kubelet names a CSI persistent volume `<driver>^<volumeHandle>` and keeps one entry
     per name (k8s.io/kubernetes@v1.37.2 pkg/volume/csi/csi_plugin.go GetVolumeName,
     CanDeviceMount; kubelet/volumemanager/cache/desired_state_of_world.go AddPodToVolume):
     a pod using two such PVs waits for the second forever (kubernetes/kubernetes#91556).
+    A pod uses only claims of its own namespace, so PVs pre-bound to claims of different
+    namespaces may share a handle: each team's read-only `datasets` volume on an operator's
+    Lustre whose driver mounts the handle itself is one such handle (issue 37). On one node
+    the kubelet then publishes that one volume for each pod, from each pod's own PV. A PV
+    bound to no claim could serve any namespace, so it may share its handle with none.
     """
-    by_volume: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    by_volume: dict[tuple[str, str], list[tuple[str, str, str | None]]] = {}
     for r in resources:
         if r.type != PERSISTENT_VOLUME:
             continue  # the analyzer hands a stack policy every resource
         name, props = r.identity, r.props
-        csi = as_map(as_map(props.get("spec")).get("csi"))
+        spec = as_map(props.get("spec"))
+        csi = as_map(spec.get("csi"))
         if not csi:
             continue
         key = (str(csi.get("driver")), str(csi.get("volumeHandle")))
         pv_name = str(as_map(props.get("metadata")).get("name", r.name))
-        by_volume.setdefault(key, []).append((name, pv_name))
+        claim = as_map(spec.get("claimRef"))
+        namespace = str(claim["namespace"]) if "namespace" in claim else None
+        by_volume.setdefault(key, []).append((name, pv_name, namespace))
     found = []
     for (driver, handle), volumes in by_volume.items():
-        if len(volumes) < 2:
-            continue
-        for name, pv_name in volumes:
-            others = ", ".join(sorted(p for n, p in volumes if n != name))
-            found.append(
-                (
-                    name,
-                    f"PersistentVolume {pv_name} has CSI driver {driver} and volumeHandle "
-                    f"{handle!r}, like {others}: the kubelet takes them for one volume "
-                    "(<driver>^<volumeHandle>), so a pod using both never starts "
-                    "(kubernetes/kubernetes#91556)",
-                )
+        for name, pv_name, namespace in volumes:
+            clash = sorted(
+                p
+                for n, p, ns in volumes
+                if n != name and (ns is None or namespace is None or ns == namespace)
             )
+            if clash:
+                found.append(
+                    (
+                        name,
+                        f"PersistentVolume {pv_name} has CSI driver {driver} and volumeHandle "
+                        f"{handle!r}, like {', '.join(clash)}, for the same namespace: the "
+                        "kubelet takes them for one volume (<driver>^<volumeHandle>), so a pod "
+                        "using both never starts (kubernetes/kubernetes#91556)",
+                    )
+                )
     return found
 
 
