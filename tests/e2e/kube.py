@@ -241,9 +241,11 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
-    def patch(self, obj: Mapping[str, Any], patch: Mapping[str, Any]) -> Any:
+    def patch(
+        self, obj: Mapping[str, Any], patch: Mapping[str, Any], *, as_: Identity | None = None
+    ) -> Any:
         return self.request(
-            "PATCH", self._path(obj), patch, content_type="application/merge-patch+json"
+            "PATCH", self._path(obj), patch, content_type="application/merge-patch+json", as_=as_
         )
 
 

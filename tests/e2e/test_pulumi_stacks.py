@@ -58,7 +58,7 @@ def platform_doc(kubeconfig: Path, gpus: int = 16) -> dict[str, Any]:
         "storage": {
             "existingLustre": {
                 "csiDriver": "lustre.csi.hpe.com",
-                "volumeHandle": "mgs.lab.internal@tcp:/trainfs",
+                "volumeHandle": "mgs.lab.internal@tcp:/trainfs{path}",
                 "volumeAttributes": {"mgsAddress": "mgs.lab.internal@tcp", "fsName": "trainfs"},
                 "capacityGiB": 51200,
             }

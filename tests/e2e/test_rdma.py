@@ -4,10 +4,10 @@ The NVIDIA Network Operator's example pods add IPC_LOCK (Mellanox/network-operat
 example/rdma-gpu-test-pod1.yml) and run as root. trainstack's trainers run as the images'
 non-root user, for whom an added capability never takes effect (containerd v1.7.29
 pkg/cri/server/container_create_linux.go WithoutAmbientCaps; kubernetes/kubernetes#56374), so
-since issue 19 the pods add none: the team namespace enforces `baseline` like every other, and
-the pods meet `restricted` but for the one stated exception, the root `checkpoint-dir` init
-container. PodSecurity admission judges the pods Volcano's controller creates, not the Job, so
-these tests put the rendered pod templates in front of the real PodSecurity admission.
+since issue 19 the pods add none, and since issue 37 (no root `checkpoint-dir` init container)
+they meet `restricted` with no exception: the team namespace enforces it, like every other.
+PodSecurity admission judges the pods Volcano's controller creates, not the Job, so these tests
+put the rendered pod templates in front of the real PodSecurity admission.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def roce_job(onprem: Deployed) -> dict[str, Any]:
 
 def test_a_roce_jobs_pods_are_created_and_run(onprem: Deployed, roce_job: dict[str, Any]) -> None:
     namespace = onprem.kube.get("v1", "Namespace", "speech")
-    assert namespace["metadata"]["labels"][PSS_ENFORCE] == "baseline"
+    assert namespace["metadata"]["labels"][PSS_ENFORCE] == "restricted"
     jobs.submit(onprem, roce_job)
     for pod in jobs.wait_running(onprem, roce_job):
         trainer = pod["spec"]["containers"][0]
@@ -66,39 +66,36 @@ def _probe_pod(template: dict[str, Any], namespace: str) -> dict[str, Any]:
     }
 
 
-def test_restricted_admits_those_pods_but_for_the_stated_exception(
+def test_restricted_admits_those_pods_and_refuses_a_root_step(
     onprem: Deployed, roce_job: dict[str, Any]
 ) -> None:
-    """The real PodSecurity admission, level restricted, on one of the job's pod templates:
-    refused only for the `checkpoint-dir` init container (root, CHOWN, DAC_OVERRIDE, FOWNER:
-    docs/policies.md), admitted without it. Before issue 19 the trainer itself was refused
-    (IPC_LOCK, no seccomp profile, privilege escalation allowed, not runAsNonRoot)."""
-    name = "pss-restricted-probe"
-    onprem.kube.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {"name": name, "labels": {PSS_ENFORCE: "restricted"}},
-        }
-    )
+    """The real PodSecurity admission of the team's namespace, level restricted, on one of the
+    job's pod templates: admitted as rendered; refused with the root init container the job
+    layer rendered until issue 37 (root, CHOWN, DAC_OVERRIDE, FOWNER), naming it. Before
+    issue 19 the trainer itself was refused (IPC_LOCK, no seccomp profile, privilege
+    escalation allowed, not runAsNonRoot)."""
     template = copy.deepcopy(roce_job["spec"]["tasks"][0]["template"])
-    init = [c["name"] for c in template["spec"].get("initContainers", [])]
-    assert "checkpoint-dir" in init  # onprem's checkpoints are on Lustre
-    try:
-        with pytest.raises(ApiError) as refused:
-            onprem.kube.create(_probe_pod(copy.deepcopy(template), name), dry_run=True)
-        assert 'violates PodSecurity "restricted:latest"' in refused.value.message
-        assert '"checkpoint-dir"' in refused.value.message
-        assert '"trainer"' not in refused.value.message, refused.value.message
-        spec = template["spec"]
-        spec["initContainers"] = [
-            c for c in spec.get("initContainers", []) if c["name"] != "checkpoint-dir"
-        ]
-        if not spec["initContainers"]:
-            del spec["initContainers"]
-        onprem.kube.create(_probe_pod(template, name), dry_run=True)
-    finally:
-        onprem.kube.delete("v1", "Namespace", name)
+    assert "initContainers" not in template["spec"]
+    onprem.kube.create(_probe_pod(copy.deepcopy(template), "speech"), dry_run=True)
+    trainer = template["spec"]["containers"][0]
+    template["spec"]["initContainers"] = [
+        {
+            "name": "checkpoint-dir",
+            "image": trainer["image"],
+            "command": ["install", "-d", "/team/job"],
+            "securityContext": {
+                "runAsNonRoot": False,
+                "runAsUser": 0,
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]},
+            },
+        }
+    ]
+    with pytest.raises(ApiError) as refused:
+        onprem.kube.create(_probe_pod(template, "speech"), dry_run=True)
+    assert 'violates PodSecurity "restricted:latest"' in refused.value.message
+    assert '"checkpoint-dir"' in refused.value.message
+    assert '"trainer"' not in refused.value.message, refused.value.message
 
 
 def test_the_rules_refuse_an_added_capability(onprem: Deployed, roce_job: dict[str, Any]) -> None:

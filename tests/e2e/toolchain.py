@@ -72,6 +72,9 @@ class Component:
     tags: tuple[str, ...] = field(default_factory=tuple)
     # Generation steps run on a copy of a module before compiling; see `Generate`.
     generate: tuple[Generate, ...] = field(default_factory=tuple)
+    # Our own main packages' files in the wrapper (tests' probes built against the pinned
+    # module), hashed into the cache key like go.mod.
+    sources: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def wrapper(self) -> Path:
@@ -90,7 +93,7 @@ class Component:
 
     def key(self) -> str:
         digest = hashlib.sha256()
-        for name in ("go.mod", "go.sum", *(shim for _, _, shim in self.shims)):
+        for name in ("go.mod", "go.sum", *(shim for _, _, shim in self.shims), *self.sources):
             digest.update((self.wrapper / name).read_bytes())
         flags: list[object] = [self.packages, self.ldflags(self.version)]
         if self.tags:  # only when set, so that the other components keep their cache entries
@@ -170,8 +173,12 @@ COMPONENTS: tuple[Component, ...] = (
             "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
             "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
             "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+            # The kubelet's sub-path code, called as makeMounts calls it (test_escapes.py):
+            # our main package, the kubelet's functions at the pinned version.
+            "kubelet-subpath": "trainstack.invalid/e2e/kubernetes/subpathprobe",
         },
         _kube_ldflags,
+        sources=("subpathprobe/main.go",),
     ),
     Component(
         "volcano",
