@@ -17,7 +17,8 @@ each would have done before issue 37:
   preempt and reclaim list (pkg/scheduler/api/pod_info.go GetPodPreemptable), so borrowed
   GPUs are never returned;
 - a template `nodeName` (no scheduler, no queue, no taint), another scheduler, a system
-  priority class for the Job, a class the team may not use, and one changed by an update;
+  priority class for the Job, a class the team may not use, and one changed by an update; a
+  confined team's GPU pod pinned to another team's pool;
 - inline CSI volumes of a storage driver (fsx.csi.aws.com mounts whatever `mountname`
   says), the node cache mounted writable, a generic ephemeral volume whose claim names
   another team's PV, the datasets claim mounted writable;
@@ -326,6 +327,24 @@ def test_every_attempt_is_refused(
     assert message is not None, f"{attempt}: admitted"
     names = {p if p == "queue-ownership" else POLICY + p for p in policies}
     assert any(name in message for name in names), message
+
+
+def test_a_confined_team_cannot_pin_another_pool(prod: Deployed, enforced: None) -> None:
+    """recsys may use h200-burst only (prod's registry): a hand-made Job on h100-reserved,
+    another team's guarantee, is refused; its own pool is admitted (issue 37)."""
+    own = jobs.rendered(prod, jobs.spec("recsys", "escape-pool", pool="h200-burst", gpus=8))
+    prod.kube.create(own, as_=prod.member("recsys"), dry_run=True)
+    other = copy.deepcopy(own)
+    for task in other["spec"]["tasks"]:
+        for term in task["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]:
+            for expression in term["matchExpressions"]:
+                if expression["key"] == "trainstack.io/pool":
+                    expression["values"] = ["h100-reserved"]
+    with pytest.raises(ApiError) as refused:
+        prod.kube.create(other, as_=prod.member("recsys"), dry_run=True)
+    assert f"{POLICY}gpu-placement" in refused.value.message
 
 
 def test_scheduling_keys_added_later_by_a_patch_are_refused(

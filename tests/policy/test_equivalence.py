@@ -911,3 +911,63 @@ def test_production_takes_digests_in_both_enforcers(
         c["image"] = image
     assert (not RULES["pinned-images"].check(job, PRODUCTION)) is admitted
     assert evaluate(policy, job, NAMESPACE) is admitted
+
+
+POOL_SELECTORS = {
+    name: {"trainstack.io/pool": name} for name in ("h100-block", "h100-reserved", "h200-burst")
+}
+CONFINED = Config(
+    pool_selectors=tuple(POOL_SELECTORS.values()),
+    pools=POOL_SELECTORS,
+    team_pools={"vision": ("h100-reserved", "h200-burst")},
+)
+
+
+def _pin(job: dict[str, Any], pool: str) -> None:
+    for t in range(len(job["spec"]["tasks"])):
+        terms = pod(job, t)["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        terms[:] = [
+            {
+                "matchExpressions": [
+                    {"key": "trainstack.io/pool", "operator": "In", "values": [pool]}
+                ]
+            }
+        ]
+
+
+@pytest.mark.parametrize(
+    ("pool", "annotated", "admitted"),
+    [
+        ("h100-reserved", True, True),
+        ("h200-burst", True, True),
+        ("h100-block", True, False),  # a pool of the platform, not of this team
+        ("h100-block", False, True),  # a namespace that names no pools: any of the platform's
+        ("elsewhere", False, False),
+    ],
+    ids=["its pool", "its other pool", "another team's pool", "no team pools", "no pool"],
+)
+def test_gpu_pods_pin_one_of_their_teams_pools_in_both_enforcers(
+    pool: str, annotated: bool, admitted: bool, example_plans: dict[str, Plan]
+) -> None:
+    """Issue 37: gpu-placement took any of the platform's pools, so a team confined to some
+    (the registry's `pools`) could hold another pool's GPUs with a hand-made Job."""
+    policy = next(
+        m
+        for m in admission_policies(CONFINED, "test")
+        if m["metadata"]["name"] == f"{POLICY_PREFIX}gpu-placement"
+        and m["kind"] == "ValidatingAdmissionPolicy"
+    )
+    job = demo_job(example_plans["vision"])
+    _pin(job, pool)
+    config = (
+        CONFINED
+        if annotated
+        else Config(pool_selectors=CONFINED.pool_selectors, pools=CONFINED.pools)
+    )
+    namespace = copy.deepcopy(NAMESPACE)
+    if annotated:
+        namespace["metadata"]["annotations"]["trainstack.io/pools"] = "h100-reserved,h200-burst"
+    assert (not RULES["gpu-placement"].check(job, config)) is admitted
+    assert evaluate(policy, job, namespace) is admitted

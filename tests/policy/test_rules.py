@@ -173,6 +173,8 @@ def test_every_pack_setting_is_read_under_its_schema_key() -> None:
         "poolSelectors": [{"trainstack.io/pool": "h100"}],
         "production": True,
         "teamPriorityClasses": {"vision": ["trainstack-normal"]},
+        "poolsByName": {"h100": {"trainstack.io/pool": "h100"}},
+        "teamPools": {"vision": ["h100"]},
     }
     assert set(values) == set(CONFIG_SCHEMA.properties)
     default = Config.from_mapping({})
@@ -248,7 +250,7 @@ def test_a_cpu_task_beside_gpu_tasks_may_share_their_nodes() -> None:
     ("change", "message"),
     [
         ("tolerations", "does not tolerate the nvidia.com/gpu taint"),
-        ("nodeSelector", "does not pin a GPU pool by its labels"),
+        ("nodeSelector", "does not pin one of its team's GPU pools by its labels"),
     ],
 )
 def test_a_gpu_task_tolerates_the_taint_and_pins_a_pool(change: str, message: str) -> None:

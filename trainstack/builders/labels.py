@@ -17,6 +17,8 @@ OWNERS = f"{PREFIX}/owners"  # annotation: comma-separated owner emails
 # annotation on team namespaces: priority classes (short names) the team may use
 TEAM_PRIORITY_ANNOTATION = f"{PREFIX}/priority-classes"
 TEAM_MAX_JOB_HOURS_ANNOTATION = f"{PREFIX}/max-job-hours"  # annotation on team namespaces
+# annotation on team namespaces: the GPU pools (names) the team's pods may pin
+TEAM_POOLS_ANNOTATION = f"{PREFIX}/pools"
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 PART_OF = "app.kubernetes.io/part-of"

@@ -64,6 +64,8 @@ def team_namespace(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
             TEAM_PRIORITY_ANNOTATION: ",".join(team.priority_classes),
             # Read by the max-duration admission policy (trainstack/policy).
             labels.TEAM_MAX_JOB_HOURS_ANNOTATION: f"{team.max_job_hours:g}",
+            # Read by the gpu-placement admission policy: the pools the team may pin.
+            labels.TEAM_POOLS_ANNOTATION: ",".join(team.pools),
         },
     )
 

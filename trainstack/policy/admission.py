@@ -7,6 +7,7 @@ rules.py; tests evaluate both on the same objects and require the same verdict.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainstack.builders import labels
@@ -265,6 +266,14 @@ def _wants_gpu(p: str) -> str:
     )
 
 
+def _selectors(selectors: Sequence[Mapping[str, str]]) -> str:
+    """A CEL list of maps: the pools' node labels."""
+    return "[" + ", ".join(
+        "{" + ", ".join(f"{_str(k)}: {_str(v)}" for k, v in sorted(sel.items())) + "}"
+        for sel in selectors
+    ) + "]"  # fmt: skip
+
+
 def _gpu_placement(cfg: Config) -> str:
     """rules.gpu_placement: tolerates_gpu, targets_pool and the GPU-job exception."""
     tolerates = (
@@ -274,10 +283,18 @@ def _gpu_placement(cfg: Config) -> str:
         "has(t.operator) && t.operator == 'Exists'))))"
     )
     if cfg.pool_selectors:
-        pools = "[" + ", ".join(
-            "{" + ", ".join(f"{_str(k)}: {_str(v)}" for k, v in sorted(s.items())) + "}"
-            for s in cfg.pool_selectors
-        ) + "]"  # fmt: skip
+        pools = _selectors(cfg.pool_selectors)
+        if cfg.pools:
+            # The team's pools, by the namespace's annotation (builders/platform.py); a
+            # namespace without it may use any pool (rules: Config.team_pool_selectors).
+            named = sorted(cfg.pools.items())
+            entries = [f"{_str(name)}: {_selectors([sel])[1:-1]}" for name, sel in named]
+            by_name = "{" + ", ".join(entries) + "}"
+            ann, key = "namespaceObject.metadata.annotations", _str(labels.TEAM_POOLS_ANNOTATION)
+            pools = (
+                f"((has({ann}) && {key} in {ann}) ? {ann}[{key}].split(',')"
+                f".filter(n, n in {by_name}).map(n, {by_name}[n]) : {pools})"
+            )
         by_selector = (
             f"{pools}.exists(s, s.all(k, k in p.nodeSelector && p.nodeSelector[k] == s[k]))"
         )

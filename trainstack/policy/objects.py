@@ -55,6 +55,18 @@ class Config:
     # priorityClasses); a namespace not listed is not checked (the CEL twin reads the
     # namespace's trainstack.io/priority-classes annotation, the same list).
     team_priority_classes: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # Each pool's node labels by its name, and per team namespace the pools it may use (the
+    # registry's `pools`): a GPU pod pins one of its team's (the CEL twin reads the
+    # namespace's trainstack.io/pools annotation, the same list). A namespace not listed, or
+    # no pools by name: any of the platform's pools (pool_selectors).
+    pools: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    team_pools: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+    def team_pool_selectors(self, namespace: str) -> Sequence[Mapping[str, str]]:
+        names = self.team_pools.get(namespace)
+        if names is None or not self.pools:
+            return self.pool_selectors
+        return [self.pools[n] for n in names if n in self.pools]
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> Config:
@@ -74,6 +86,14 @@ class Config:
             team_priority_classes={
                 str(k): tuple(str(c) for c in as_seq(v))
                 for k, v in as_map(raw.get("teamPriorityClasses", {})).items()
+            },
+            pools={
+                str(name): {str(k): str(v) for k, v in as_map(sel).items()}
+                for name, sel in as_map(raw.get("poolsByName", {})).items()
+            },
+            team_pools={
+                str(k): tuple(str(p) for p in as_seq(v))
+                for k, v in as_map(raw.get("teamPools", {})).items()
             },
         )
 

@@ -50,6 +50,14 @@ CONFIG_SCHEMA = PolicyConfigSchema(
             "type": "object",
             "additionalProperties": {"type": "array", "items": {"type": "string"}},
         },
+        "poolsByName": {
+            "type": "object",
+            "additionalProperties": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+        "teamPools": {
+            "type": "object",
+            "additionalProperties": {"type": "array", "items": {"type": "string"}},
+        },
     }
 )
 

@@ -195,21 +195,21 @@ def tolerates_gpu(pod: Mapping[str, Any]) -> bool:
     return False
 
 
-def _selects_pool(labels_of: Callable[[str], Sequence[str] | None], cfg: Config) -> bool:
+def _selects_pool(
+    labels_of: Callable[[str], Sequence[str] | None], selectors: Sequence[Mapping[str, str]]
+) -> bool:
     """`labels_of(key)` gives the values a placement allows for a label key (None: any)."""
-    if not cfg.pool_selectors:
+    if not selectors:
         values = labels_of(POOL_LABEL)
         return values is not None and len(values) > 0
-    return any(
-        all(labels_of(k) == [v] for k, v in selector.items()) for selector in cfg.pool_selectors
-    )
+    return any(all(labels_of(k) == [v] for k, v in selector.items()) for selector in selectors)
 
 
-def targets_pool(pod: Mapping[str, Any], cfg: Config) -> bool:
+def targets_pool(pod: Mapping[str, Any], selectors: Sequence[Mapping[str, str]]) -> bool:
     """The pod's nodeSelector, or every term of its required node affinity, pins one of the
-    platform's pools by the pool's own labels (`In` with exactly that value)."""
+    pools by the pool's own labels (`In` with exactly that value)."""
     selector = as_map(pod.get("nodeSelector"))
-    if _selects_pool(lambda k: [str(selector[k])] if k in selector else None, cfg):
+    if _selects_pool(lambda k: [str(selector[k])] if k in selector else None, selectors):
         return True
     required = as_map(as_map(as_map(pod.get("affinity")).get("nodeAffinity")).get(
         "requiredDuringSchedulingIgnoredDuringExecution"
@@ -223,18 +223,20 @@ def targets_pool(pod: Mapping[str, Any], cfg: Config) -> bool:
                     return [str(v) for v in as_seq(e.get("values"))]
             return None
 
-        return _selects_pool(values, cfg)
+        return _selects_pool(values, selectors)
 
     return bool(terms) and all(term_selects(t) for t in terms)
 
 
 def gpu_placement(job: Mapping[str, Any], cfg: Config) -> list[str]:
-    """GPU pods tolerate the GPU taint and pin a pool by its labels (issue 19 #5: any node
-    selector passed); a pod without GPUs tolerates the taint only as part of a job that has
-    GPU pods (its parameter servers run beside the workers, on the same fabric)."""
+    """GPU pods tolerate the GPU taint and pin one of their team's pools by its labels (issue
+    19 #5: any node selector passed; issue 37: any pool of the platform did, while a team may
+    be confined to some); a pod without GPUs tolerates the taint only as part of a job that
+    has GPU pods (its parameter servers run beside the workers, on the same fabric)."""
     found = []
     all_pods = list(pods(job))
     gpu_job = any(wants_gpu(p) for _, p in all_pods)
+    selectors = cfg.team_pool_selectors(str(as_map(job.get("metadata")).get("namespace", "")))
     for task, pod in all_pods:
         if not wants_gpu(pod):
             if tolerates_gpu(pod) and not gpu_job:
@@ -247,16 +249,14 @@ def gpu_placement(job: Mapping[str, Any], cfg: Config) -> list[str]:
             found.append(
                 f"task {task}: requests GPUs but does not tolerate the {GPU_TAINT_KEY} taint"
             )
-        if not targets_pool(pod, cfg):
+        if not targets_pool(pod, selectors):
             pools = (
-                "; ".join(
-                    ", ".join(f"{k}={v}" for k, v in sorted(s.items())) for s in cfg.pool_selectors
-                )
+                "; ".join(", ".join(f"{k}={v}" for k, v in sorted(s.items())) for s in selectors)
                 or f"{POOL_LABEL}=<pool>"
             )
             found.append(
-                f"task {task}: requests GPUs but does not pin a GPU pool by its labels "
-                f"(nodeSelector or every required node affinity term; pools: {pools})"
+                f"task {task}: requests GPUs but does not pin one of its team's GPU pools by "
+                f"its labels (nodeSelector or every required node affinity term; pools: {pools})"
             )
     return found
 

@@ -23,6 +23,8 @@ def pack_config(cfg: PlatformConfig) -> dict[str, Any]:
         "allowedRegistries": list(policy.allowed_registries),
         "poolSelectors": [pool_selector(cfg, pool) for pool in cfg.gpu_pools],
         "production": cfg.environment == "production",
+        "poolsByName": {pool.name: pool_selector(cfg, pool) for pool in cfg.gpu_pools},
+        "teamPools": {t.namespace: list(t.pools) for t in cfg.registry.teams},
         "teamPriorityClasses": {
             t.namespace: [priority_class_name(c) for c in t.priority_classes]
             for t in cfg.registry.teams
