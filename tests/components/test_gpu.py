@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import kubernetes_validate
@@ -220,6 +221,22 @@ def test_user_data_raid0_and_hugepages(run_program: Callable[..., Recorded]) -> 
     assert '"strategy": "RAID0"' in user_data
     # 8 GPUs x 640 MiB = 5120 MiB = 2560 pages of 2 MiB
     assert "sysctl -w vm.nr_hugepages=2560" in user_data
+
+
+@pytest.mark.parametrize("strategy", ["volume-mounts", "envvar"])
+def test_the_toolkit_setting_follows_the_device_list_strategy(
+    run_program: Callable[..., Recorded], strategy: str
+) -> None:
+    """Issue 37: the node's container toolkit refuses NVIDIA_VISIBLE_DEVICES from unprivileged
+    containers exactly when the device plugin hands GPUs as mounts (both or neither:
+    tests/builders/test_gpu_isolation.py says why)."""
+    pool = {"name": "gpu", "instanceType": "g5.xlarge", "fabric": "tcp", "size": {"max": 2}}
+    cfg = replace(platform([pool]), gpu_device_list_strategy=strategy)
+    rec = run_pool(run_program, cfg)
+    template = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt")
+    user_data = base64.b64decode(template.inputs["userData"]).decode()
+    expected = "accept-nvidia-visible-devices-envvar-when-unprivileged=false"
+    assert (expected in user_data) is (strategy == "volume-mounts")
 
 
 def test_tcp_pool_has_no_efa_wiring(run_program: Callable[..., Recorded]) -> None:

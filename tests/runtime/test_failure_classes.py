@@ -79,6 +79,21 @@ def test_evidence_is_narrowed_to_this_pods_gpus() -> None:
     assert hardware_evidence(GpuHealth(), GpuHealth()) is None
 
 
+def test_evidence_is_narrowed_under_the_volume_mounts_strategy(tmp_path: Path) -> None:
+    """Issue 37: the platform's device plugin hands GPUs as mounts named by UUID under
+    /var/run/nvidia-container-devices, and NVIDIA_VISIBLE_DEVICES names that directory; read
+    as a list of UUIDs it named none, and another pod's GPU's Xid was taken for this one's."""
+    mounts = tmp_path / "nvidia-container-devices"
+    mounts.mkdir()
+    (mounts / U0).touch()
+    env = {"NVIDIA_VISIBLE_DEVICES": str(mounts)}
+    visible = visible_gpus(env, mounts)
+    assert visible == {U0}
+    text = exporter_text(uuid=U0) + exporter_text(xid=79, uuid=U1)
+    assert hardware_evidence(None, parse(text, visible)) is None
+    assert visible_gpus(env, tmp_path / "absent") is None
+
+
 def test_evidence_from_a_url_or_a_file(tmp_path: Path) -> None:
     """dcgm-exporter's /metrics over HTTP, or a node agent's file; unreachable is none."""
     body = exporter_text(xid=79).encode()

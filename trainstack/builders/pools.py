@@ -221,9 +221,44 @@ def cache_user_data(cache: NvmeCache) -> str:
     )
 
 
-def node_user_data(pool: GpuPool, cache: NvmeCache | None = None) -> str:
-    """AL2023 MIME user data: nodeadm NodeConfig (RAID0 instance store) + hugepages, and
-    with `cache` on a RAID0 pool the unit that publishes the NVMe cache directories.
+# The NVIDIA container toolkit's settings (nvidia-container-toolkit v1.19.1, top-level keys of
+# /etc/nvidia-container-runtime/config.toml, read at every container create by the runtime
+# and its hook: internal/config/config.go) that keep a pod to the GPUs it was allocated. The
+# EKS AL2023 NVIDIA AMI makes `nvidia` containerd's default runtime (amazon-eks-ami v20260724
+# nodeadm runtime_config_nvidia.go) and leaves the package's defaults: an unprivileged
+# container whose image or spec sets NVIDIA_VISIBLE_DEVICES=all gets every GPU of the node,
+# GPUs allocated to other teams' pods included, whatever it requested. With these, the toolkit
+# takes a container's GPUs only from the device plugin's mounts under
+# /var/run/nvidia-container-devices (deviceListStrategy volume-mounts), and ignores the
+# variable from unprivileged containers (NVIDIA, "Preventing unprivileged access to GPUs in
+# Kubernetes"; Bottlerocket ships the same). Privileged means CAP_SYS_ADMIN to the toolkit,
+# which no team pod may have (Pod Security restricted).
+TOOLKIT_ISOLATION = (
+    ("accept-nvidia-visible-devices-as-volume-mounts", "true"),
+    ("accept-nvidia-visible-devices-envvar-when-unprivileged", "false"),
+)
+
+
+def gpu_isolation_user_data() -> str:
+    """The shell part that sets TOOLKIT_ISOLATION on the node, before kubelet starts (so
+    before the device plugin hands out a GPU: volume mounts are accepted first)."""
+    sets = " ".join(f"--set {key}={value}" for key, value in TOOLKIT_ISOLATION)
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "set -euo pipefail",
+            f"nvidia-ctk config --in-place {sets}",
+        ]
+    )
+
+
+def node_user_data(
+    pool: GpuPool, cache: NvmeCache | None = None, *, isolate_gpus: bool = True
+) -> str:
+    """AL2023 MIME user data: nodeadm NodeConfig (RAID0 instance store) + hugepages, the
+    container toolkit's GPU isolation (with `isolate_gpus`: gpu.deviceListStrategy
+    volume-mounts), and with `cache` on a RAID0 pool the unit that publishes the NVMe cache
+    directories.
 
     Shell parts run after nodeadm's config phase and before its run phase makes the array and
     starts kubelet, so kubelet sees the hugepages as allocatable.
@@ -249,6 +284,8 @@ def node_user_data(pool: GpuPool, cache: NvmeCache | None = None) -> str:
             ]
         )
         parts.append(("text/x-shellscript", script))
+    if isolate_gpus:
+        parts.append(("text/x-shellscript", gpu_isolation_user_data()))
     if pool.aws.instance_store_raid0 and cache is not None:
         parts.append(("text/x-shellscript", cache_user_data(cache)))
     if not parts:
@@ -298,6 +335,12 @@ def nvidia_device_plugin_values(cfg: PlatformConfig) -> dict[str, Any]:
             if network_operator_enabled(cfg)
             else {"worker": {"tolerations": list(NFD_WORKER_TOLERATIONS)}}
         )
+    if cfg.gpu_device_list_strategy == "volume-mounts":
+        # Each allocated GPU as a mount under /var/run/nvidia-container-devices/<UUID>, which
+        # the toolkit configured by TOOLKIT_ISOLATION honours (v0.18.2 values.yaml
+        # `deviceListStrategy`, `deviceIDStrategy`; the chart gives the plugin SYS_ADMIN for
+        # it, templates/daemonset-device-plugin.yml, so no securityContext is set here).
+        extra |= {"deviceListStrategy": "volume-mounts", "deviceIDStrategy": "uuid"}
     return {
         "affinity": {
             "nodeAffinity": {
@@ -310,13 +353,22 @@ def nvidia_device_plugin_values(cfg: PlatformConfig) -> dict[str, Any]:
     }
 
 
-def gpu_operator_values() -> dict[str, Any]:
-    """The EKS accelerated AMI ships the driver and container toolkit: do not reinstall."""
-    return {
+def gpu_operator_values(cfg: PlatformConfig) -> dict[str, Any]:
+    """The EKS accelerated AMI ships the driver and container toolkit: do not reinstall. The
+    toolkit's settings come from the node's user data (TOOLKIT_ISOLATION), since the operator's
+    toolkit is off; its device plugin takes the strategy from its environment, applied after
+    the operator's own defaults (gpu-operator v26.3.0 deployments/gpu-operator/values.yaml
+    `devicePlugin.env`; controllers/object_controls.go)."""
+    values: dict[str, Any] = {
         "driver": {"enabled": False},
         "toolkit": {"enabled": False},
         "daemonsets": {"tolerations": [GPU_TOLERATION]},
     }
+    if cfg.gpu_device_list_strategy == "volume-mounts":
+        values["devicePlugin"] = {
+            "env": [{"name": "DEVICE_LIST_STRATEGY", "value": "volume-mounts"}]
+        }
+    return values
 
 
 def efa_device_plugin_values(cfg: PlatformConfig) -> dict[str, Any]:

@@ -119,7 +119,11 @@ class GpuNodePool(pulumi.ComponentResource):
         if spec.capacity.type == "capacityBlock":
             market = aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(market_type="capacity-block")
 
-        user_data = b.node_user_data(pool, cfg.storage.nvme_cache)
+        user_data = b.node_user_data(
+            pool,
+            cfg.storage.nvme_cache,
+            isolate_gpus=cfg.gpu_device_list_strategy == "volume-mounts",
+        )
         template = aws.ec2.LaunchTemplate(
             f"{name}-lt",
             description=f"{cfg.cluster_name} GPU pool {pool.name} ({instance.name})",
@@ -197,7 +201,7 @@ class GpuPlugins(pulumi.ComponentResource):
             parent=self, provider=args.k8s_provider, depends_on=args.depends_on
         )
         gpu_values = (
-            b.gpu_operator_values()
+            b.gpu_operator_values(cfg)
             if cfg.gpu_device_plugin == "gpu-operator"
             else b.nvidia_device_plugin_values(cfg)
         )

@@ -495,6 +495,9 @@ def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
         ),
         registry=_build_registry(doc["registry"], tuple(p.name for p in pools)),
         gpu_device_plugin=doc["gpu"]["devicePlugin"],
+        gpu_device_list_strategy=doc["gpu"].get(
+            "deviceListStrategy", "volume-mounts" if doc["cloud"] == "aws" else "envvar"
+        ),
         gpu_pools=pools,
         scheduling=m.Scheduling(
             queue_mode=scheduling["queueMode"],

@@ -15,6 +15,7 @@ Environment = Literal["development", "production"]
 NatGateways = Literal["single", "perAz"]
 Fabric = Literal["efa", "infiniband", "roce", "tcp"]
 CapacityType = Literal["onDemand", "spot", "reservation", "capacityBlock"]
+DeviceListStrategy = Literal["volume-mounts", "envvar"]
 DevicePlugin = Literal["nvidia-device-plugin", "gpu-operator"]
 
 # Namespaces the platform owns; a team may not be named like them.
@@ -397,6 +398,10 @@ class PlatformConfig:
     existing: ExistingCluster | None
     registry: Registry
     gpu_device_plugin: DevicePlugin = "nvidia-device-plugin"
+    # volume-mounts: pods see only their allocated GPUs (docs/security.md); envvar: any pod
+    # setting NVIDIA_VISIBLE_DEVICES=all sees the node's. Unset: volume-mounts on aws (the
+    # platform configures its nodes' toolkit), envvar on existing clusters (the owners' nodes).
+    gpu_device_list_strategy: DeviceListStrategy = "volume-mounts"
     gpu_pools: tuple[GpuPool, ...] = ()
     scheduling: Scheduling = Scheduling()
     storage: Storage = Storage()

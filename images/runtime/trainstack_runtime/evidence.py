@@ -15,8 +15,9 @@ Input: ``TRAINSTACK_GPU_EVIDENCE``, Prometheus text format as dcgm-exporter serv
 ``/metrics`` (the platform's exporter collects exactly these fields,
 trainstack/builders/metric_sources.py): an ``http://``/``https://`` URL of this node's
 exporter, or a file a node agent keeps up to date (a hostPath mounted read-only). Series are
-narrowed to this pod's GPUs when ``NVIDIA_VISIBLE_DEVICES`` lists UUIDs (the device plugin's
-default) and the series carry dcgm-exporter's ``UUID`` label. Unset, unreadable or empty:
+narrowed to this pod's GPUs when the device plugin named their UUIDs (as mounts under
+/var/run/nvidia-container-devices, the platform's default, or in ``NVIDIA_VISIBLE_DEVICES``)
+and the series carry dcgm-exporter's ``UUID`` label. Unset, unreadable or empty:
 no evidence, and the classes stay what the exit said. Standard library only.
 """
 
@@ -72,10 +73,26 @@ def parse(text: str, visible: frozenset[str] | None = None) -> GpuHealth:
     return GpuHealth(values)
 
 
-def visible_gpus(env: Mapping[str, str]) -> frozenset[str] | None:
-    """This container's GPU UUIDs, when the device plugin named them."""
+# Where the device plugin's volume-mounts strategy puts one entry per allocated GPU, named by
+# its UUID (NVIDIA/k8s-device-plugin v0.18.2 deviceListStrategy volume-mounts,
+# deviceIDStrategy uuid); NVIDIA_VISIBLE_DEVICES then names this directory, not the GPUs.
+DEVICE_MOUNTS = "/var/run/nvidia-container-devices"
+_GPU_IDS = ("GPU-", "MIG-")
+
+
+def visible_gpus(
+    env: Mapping[str, str], mounts: str | os.PathLike[str] = DEVICE_MOUNTS
+) -> frozenset[str] | None:
+    """This container's GPU UUIDs, when the device plugin named them: as mounts (the
+    platform's default, docs/security.md), else in NVIDIA_VISIBLE_DEVICES."""
+    try:
+        mounted = frozenset(n for n in os.listdir(mounts) if n.startswith(_GPU_IDS))
+    except OSError:
+        mounted = frozenset()
+    if mounted:
+        return mounted
     raw = env.get("NVIDIA_VISIBLE_DEVICES", "")
-    uuids = frozenset(d.strip() for d in raw.split(",") if d.strip().startswith(("GPU-", "MIG-")))
+    uuids = frozenset(d.strip() for d in raw.split(",") if d.strip().startswith(_GPU_IDS))
     return uuids or None
 
 
