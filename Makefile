@@ -10,10 +10,19 @@ PREVIEW_STAMP := $(VENV)/.preview-stamp
 # whl/cpu takes its CPU build instead of PyPI's larger Linux wheel. Not the default: where that
 # index is unreachable (CI here) pip spends minutes retrying it for every dependency.
 TORCH_INDEX_URL ?=
+# The security scanner (checkov) that `make test` runs over every generated object
+# (tests/conformance/test_security_scan.py): its version and whole dependency tree are pinned in
+# CHECKOV_CONSTRAINTS, installed into a venv of its own outside .venv (its ~100 packages would
+# clash with the project's) at TRAINSTACK_CHECKOV_HOME, exported: the test looks there too.
+CHECKOV_CONSTRAINTS := tests/conformance/checkov-constraints.txt
+CHECKOV_VERSION := $(shell sed -n 's/^checkov==//p' $(CHECKOV_CONSTRAINTS))
+TRAINSTACK_CHECKOV_HOME ?= $(HOME)/.cache/trainstack/checkov-$(CHECKOV_VERSION)
+export TRAINSTACK_CHECKOV_HOME
+CHECKOV_STAMP := $(TRAINSTACK_CHECKOV_HOME)/.installed-stamp
 
 .PHONY: setup preview test lint typecheck unit faults goldens bench-runtime bench-preview clean \
 	e2e-tools e2e bench-scheduling fuzz policy-config help setup-preview packaging bench-prewarm \
-	mutation
+	mutation scan-tools
 
 # `make` alone lists the targets: each described by the `## ` line right above its rule.
 .DEFAULT_GOAL := help
@@ -64,8 +73,21 @@ typecheck: setup
 	$(BIN)/mypy
 
 ## the test suite (pytest; e2e scenarios deselected)
-unit: setup
+unit: setup scan-tools
 	$(BIN)/pytest -q
+
+# A fresh venv whenever the constraints change, so nothing of an earlier install lingers; never
+# one over a folder that is not a venv (TRAINSTACK_CHECKOV_HOME set by mistake).
+$(CHECKOV_STAMP): $(CHECKOV_CONSTRAINTS)
+	@test ! -e $(TRAINSTACK_CHECKOV_HOME) || test -f $(TRAINSTACK_CHECKOV_HOME)/pyvenv.cfg || \
+		{ echo "$(TRAINSTACK_CHECKOV_HOME) is not a venv: not replacing it" >&2; exit 1; }
+	$(PYTHON) -m venv --clear $(TRAINSTACK_CHECKOV_HOME)
+	$(TRAINSTACK_CHECKOV_HOME)/bin/python -m pip install -q "checkov==$(CHECKOV_VERSION)" \
+		--constraint $(CHECKOV_CONSTRAINTS)
+	touch $@
+
+## install the pinned security scanner (checkov) into its own venv
+scan-tools: $(CHECKOV_STAMP)
 
 ## the training runtime's fault-injection tests only
 faults: setup

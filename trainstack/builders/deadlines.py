@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from trainstack.builders import labels
+from trainstack.builders import labels, netpol, scanner
 from trainstack.builders.platform import PLATFORM_CONFIGMAP
 from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig
 from trainstack.contracts import deadlines as contract
@@ -48,6 +48,19 @@ STATE_RULES: Final[list[dict[str, Any]]] = [
         "verbs": ["get", "patch"],
     }
 ]
+
+
+# What the scanner finds in the Deployment and why it stands (builders/scanner.py); the rest of
+# what it checks is met (non-root, read-only root, no capabilities, seccomp, probes, and
+# network_policy).
+EXCEPTIONS: Final = {
+    "CKV_K8S_38": (
+        "the enforcer calls the API server as its ServiceAccount with the mounted token "
+        "(images/deadlines trainstack_deadlines/kube.py Access.in_cluster): it lists Volcano "
+        "Jobs and creates Commands in team namespaces and patches its state ConfigMap, and its "
+        "RBAC allows only that (TEAM_RULES and STATE_RULES in builders/deadlines.py)"
+    ),
+}
 
 
 def pod_labels() -> dict[str, str]:
@@ -150,6 +163,12 @@ def deployment(cfg: PlatformConfig) -> dict[str, Any]:
             "periodSeconds": probe_period,
             "failureThreshold": 3,
         },
+        # The same endpoint: the Deployment is available (what `pulumi up` awaits, and what
+        # kube-state-metrics reports) once the server answers, and not while passes stall.
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "periodSeconds": 10,
+        },
         "resources": {
             "requests": {"cpu": "50m", "memory": "64Mi"},
             "limits": {"cpu": "500m", "memory": "256Mi"},
@@ -184,10 +203,11 @@ def deployment(cfg: PlatformConfig) -> dict[str, Any]:
     }
     if cfg.cloud == "aws":
         pod["nodeSelector"] = {labels.ROLE: "system"}
+    reasons = {**EXCEPTIONS, **scanner.unpinned_image_reasons([d.image])}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(cfg, NAME, SYSTEM_NAMESPACE),
+        "metadata": scanner.annotate(_meta(cfg, NAME, SYSTEM_NAMESPACE), reasons),
         "spec": {
             "replicas": 1,
             "strategy": {"type": "Recreate"},
@@ -195,3 +215,17 @@ def deployment(cfg: PlatformConfig) -> dict[str, Any]:
             "template": {"metadata": {"labels": pod_labels()}, "spec": pod},
         },
     }
+
+
+def network_policy(cfg: PlatformConfig) -> dict[str, Any]:
+    """Prometheus scrapes its metrics port (monitoring's PodMonitor); it calls only the API
+    server, at KUBERNETES_SERVICE_HOST. That is the `kubernetes` Service's address as the
+    kubelet sets it, but a cluster's admission webhook may put a host name there instead
+    (Gardener's kubernetes-service-host webhook; AKS's set-kube-service-host-fqdn), so
+    cluster DNS is allowed too."""
+    return netpol.network_policy(
+        cfg,
+        NAME,
+        ingress=[netpol.monitoring_ingress(contract.METRICS_PORT)],
+        egress=[netpol.dns_egress(), netpol.api_server_egress(cfg)],
+    )

@@ -23,7 +23,7 @@ import hashlib
 import json
 from typing import Any, Final
 
-from trainstack.builders import labels
+from trainstack.builders import labels, netpol, scanner
 from trainstack.builders.storage import (
     ROOT_CLAIM,
     TEAM_DIR_MODE,
@@ -39,6 +39,27 @@ ROOT_MOUNT: Final = "/fs"
 # otherwise), DAC_OVERRIDE to enter and repair a directory an earlier version or an operator
 # left owned by someone else (mode 0750 owned by 10001, which root without it cannot open).
 CAPABILITIES: Final = ("CHOWN", "DAC_OVERRIDE", "FSETID")
+
+# What the scanner finds in the Job and why each finding stands (builders/scanner.py); the rest
+# of what it checks is met (no privilege escalation, read-only root, seccomp, no token, every
+# other capability dropped, and network_policy). checkov's readiness check skips Jobs.
+_ROOT = (
+    "root on purpose: it creates each team's checkpoint directory owned by root with group "
+    "10001 and mode 2770 (builders/storage.py TEAM_DIR_MODE), which the non-root trainers "
+    "cannot do themselves; the only root pod on the shared file system, in the system "
+    "namespace where no team can create pods (builders/layout.py)"
+)
+EXCEPTIONS: Final = {
+    "CKV_K8S_23": _ROOT,
+    "CKV_K8S_40": _ROOT,
+    "CKV_K8S_25": (
+        "exactly CHOWN, FSETID and DAC_OVERRIDE, every other capability dropped: CHOWN to give "
+        "a team's directory to root and group 10001 (chown(2)), FSETID to keep its setgid bit "
+        "since root is not in that group (chmod(2) clears it otherwise), DAC_OVERRIDE to enter "
+        "and repair a directory an earlier version left owned by 10001 mode 0750 "
+        "(capabilities(7); builders/layout.py CAPABILITIES)"
+    ),
+}
 
 
 def layout_args(cfg: PlatformConfig) -> list[str]:
@@ -93,6 +114,9 @@ def layout_job(cfg: PlatformConfig) -> dict[str, Any]:
     if cfg.cloud == "aws":
         pod["nodeSelector"] = {labels.ROLE: "system"}
     meta = labels.app_metadata(cfg.stack, APP, job_name(cfg), SYSTEM_NAMESPACE)
+    scanner.annotate(
+        meta, {**EXCEPTIONS, **scanner.unpinned_image_reasons([cfg.storage.layout_image])}
+    )
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -103,3 +127,9 @@ def layout_job(cfg: PlatformConfig) -> dict[str, Any]:
             "template": {"metadata": {"labels": {labels.APP_NAME: APP}}, "spec": pod},
         },
     }
+
+
+def network_policy(cfg: PlatformConfig) -> dict[str, Any]:
+    """Nothing in, nothing out: it works on a volume the node mounted (the CSI driver's
+    mount is the node's traffic, not the pod's) and resolves no name."""
+    return netpol.network_policy(cfg, APP, ingress=[], egress=[])

@@ -50,6 +50,7 @@ class DeadlineEnforcer(pulumi.ComponentResource):
         bindings.append(apply_manifest(f"{name}-state-role", state_role, in_system))
         bindings.append(apply_manifest(f"{name}-state-binding", state_binding, in_system))
         state = apply_manifest(f"{name}-state", b.state_configmap(cfg), in_system)
+        apply_manifest(f"{name}-netpol", b.network_policy(cfg), in_system)
         # Started only once it may do its job: a pass before its RBAC fails and is retried.
         apply_manifest(
             f"{name}-deployment",

@@ -1,6 +1,6 @@
 """Datasets and checkpoints: FSx for Lustre linked to S3, the checkpoint bucket, per-team
 access (IRSA), claims in team namespaces, and the node dataset cache agent (its DaemonSet,
-CSIDriver, ServiceAccount and, on AWS, its read-only IAM role).
+CSIDriver, ServiceAccount, NetworkPolicy and, on AWS, its read-only IAM role).
 """
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ class PlatformStorage(pulumi.ComponentResource):
             agent_sa = apply_manifest(
                 f"{name}-cache-sa", cache_b.service_account(cfg, agent_role), in_system
             )
+            apply_manifest(f"{name}-cache-netpol", cache_b.network_policy(cfg), in_system)
             apply_manifest(
                 f"{name}-cache-agent",
                 cache_b.daemonset(cfg),
@@ -127,11 +128,12 @@ class PlatformStorage(pulumi.ComponentResource):
         kube: pulumi.ResourceOptions,
         system_namespace: pulumi.Resource,
     ) -> list[pulumi.Resource]:
-        """The platform's claim on the whole file system and the Job that lays out the
-        teams' directories on it (builders/layout.py); returns the Job."""
+        """The platform's claim on the whole file system, the Job that lays out the teams'
+        directories on it and its NetworkPolicy (builders/layout.py); returns the Job."""
         in_system = pulumi.ResourceOptions.merge(
             kube, pulumi.ResourceOptions(depends_on=[system_namespace])
         )
+        apply_manifest(f"{name}-layout-netpol", layout_b.network_policy(cfg), in_system)
         claim: list[pulumi.Resource] = []
         for manifest in b.root_volume(cfg, csi_at):
             kind = "pv" if manifest["kind"] == "PersistentVolume" else "pvc"

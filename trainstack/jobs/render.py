@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainstack import outputs as out
-from trainstack.builders import labels
+from trainstack.builders import labels, scanner
 from trainstack.builders.autoscaler import SAFE_TO_EVICT
 from trainstack.builders.cache import cache_source_issue
 from trainstack.builders.pools import GPU_TOLERATION, TRAINING_UID
@@ -494,9 +494,30 @@ def render(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -> 
     }
 
 
+# The security scanner's findings on every training pod and why they stand, on the Job since
+# checkov reads no pod template's annotations (builders/scanner.py). Only what is inherent to
+# batch training; the rest of what it checks the pods meet (RESTRICTED_POD, no token).
+SCANNER_EXCEPTIONS: dict[str, str] = {
+    "CKV_K8S_9": (
+        "readiness gates Service traffic and trainers take none: Volcano's svc plugin gives "
+        "the job a headless Service for peer DNS that publishes ready pods only (volcano "
+        "v1.15.1 pkg/controllers/job/plugins/svc/svc.go, publishNotReadyAddresses off), so a "
+        "readiness probe would withhold the master's name from its workers' rendezvous; the "
+        "livenessProbe ends a hung trainer"
+    ),
+    "CKV_K8S_22": (
+        "the trainer's root file system stays writable: the team's own code and its libraries "
+        "write caches under $HOME and /tmp (torch.compile and Triton caches, the NCCL flight "
+        "recorder's dump), and a container's own files are no boundary between teams, which "
+        "the restricted pod, uid 10001 and the team's own volumes are (builders/platform.py "
+        "TEAM_POD_SECURITY)"
+    ),
+}
+
+
 def job_metadata(spec: JobSpec) -> dict[str, Any]:
     """The Job's metadata: from the spec alone (the namespace is the team's, by contract)."""
-    return {
+    metadata = {
         "name": spec.name,
         "namespace": spec.team,
         "labels": job_labels(spec),
@@ -506,6 +527,7 @@ def job_metadata(spec: JobSpec) -> dict[str, Any]:
             f"{labels.PREFIX}/checkpoint-interval-seconds": str(spec.checkpoint.interval_seconds),
         },
     }
+    return scanner.annotate(metadata, SCANNER_EXCEPTIONS)
 
 
 def job_spec(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -> dict[str, Any]:

@@ -111,9 +111,9 @@ def cni_enforces_network_policy(resources: Sequence[StackResource]) -> list[tupl
     return [
         (
             policies[0],
-            f"{len(policies)} NetworkPolicies (team isolation) are enforced only if this "
-            "cluster's CNI enforces NetworkPolicy, which trainstack cannot configure or check "
-            "on a cluster it does not create",
+            f"{len(policies)} NetworkPolicies (team and platform isolation) are enforced only "
+            "if this cluster's CNI enforces NetworkPolicy, which trainstack cannot configure or "
+            "check on a cluster it does not create",
         )
     ]
 
