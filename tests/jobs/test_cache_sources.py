@@ -4,31 +4,19 @@ sources"), so the job is refused when it renders instead of pending on a refused
 
 from __future__ import annotations
 
-import dataclasses
 import posixpath
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.jobs.test_render import DEMO, issues_of
+from tests.jobs.test_render import cache_job, issues_of
 from trainstack import outputs as out
 from trainstack.builders.cache import source_under
 from trainstack.jobs.platform import PlatformView
-from trainstack.jobs.spec import Data, JobSpec, Topology, load_job
 from trainstack.preview.plan import Plan
 
 SETS = "/fsx/datasets/"
-
-
-def _job(cache_from: str) -> JobSpec:
-    spec = dataclasses.replace(
-        load_job(DEMO),
-        pool="l40s-dev",
-        data=Data("imagenet", "v1", "/mnt/data", "cache", cache_from),
-        topology=Topology("soft", "pool"),
-    )
-    return dataclasses.replace(spec, workers=dataclasses.replace(spec.workers, gpu_memory=None))
 
 
 def _with_source(plan: Plan, source: str) -> PlatformView:
@@ -51,7 +39,7 @@ def dev_with_dir_source(example_plans: dict[str, Plan]) -> PlatformView:
 def test_a_source_inside_an_allowed_one_is_accepted(
     dev_with_dir_source: PlatformView, cache_from: str
 ) -> None:
-    assert issues_of(_job(cache_from), dev_with_dir_source) == []
+    assert issues_of(cache_job(cache_from), dev_with_dir_source) == []
 
 
 @pytest.mark.parametrize(
@@ -66,7 +54,7 @@ def test_a_source_inside_an_allowed_one_is_accepted(
 def test_a_path_that_is_not_normalised_is_refused_naming_the_fix(
     dev_with_dir_source: PlatformView, cache_from: str
 ) -> None:
-    assert issues_of(_job(cache_from), dev_with_dir_source) == [
+    assert issues_of(cache_job(cache_from), dev_with_dir_source) == [
         f"job.spec.data.cacheFrom: {cache_from!r} is not a normalised absolute path (the cache "
         "agent refuses '.', '..' and empty segments); write the dataset version's directory "
         "itself, such as /fsx/datasets/imagenet/v1/"
@@ -80,7 +68,7 @@ def test_a_sibling_that_shares_the_prefixs_characters_is_not_under_it(
     """Whether or not the platform's source ends in `/` (the schema now requires it; an
     older platform stack's outputs may lack it)."""
     view = _with_source(example_plans["dev"], allowed)
-    assert issues_of(_job("/fsx/datasetsX/imagenet/v1/"), view) == [
+    assert issues_of(cache_job("/fsx/datasetsX/imagenet/v1/"), view) == [
         "job.spec.data.cacheFrom: '/fsx/datasetsX/imagenet/v1/' is not under a source the node "
         f"cache fetches from (s3://acme-datasets/, {allowed}); the platform adds one in "
         "storage.nvmeCache.sources"

@@ -239,7 +239,8 @@ def test_no_pod_runs_anything_as_root(view: PlatformView) -> None:
                 assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
-def _cache_job(cache_from: str | None = "s3://acme-datasets/imagenet/v1/") -> JobSpec:
+def cache_job(cache_from: str | None = "s3://acme-datasets/imagenet/v1/") -> JobSpec:
+    """The demo job reading its dataset from the node cache on dev's l40s pool."""
     spec = dataclasses.replace(
         load_job(DEMO),
         pool="l40s-dev",
@@ -256,7 +257,7 @@ def test_nvme_cache_is_the_nodes_shared_copy_mounted_read_only(
     cache agent, which fetches the version once per node, holds it while the pod runs and
     mounts it read-only; training starts only once the kubelet has it mounted."""
     dev = PlatformView(example_plans["dev"].outputs)
-    pod = render(_cache_job(), dev, "vision")["spec"]["tasks"][0]["template"]["spec"]
+    pod = render(cache_job(), dev, "vision")["spec"]["tasks"][0]["template"]["spec"]
     assert "initContainers" not in pod
     (volume,) = (v for v in pod["volumes"] if v["name"] == "dataset")
     assert volume == {
@@ -287,7 +288,7 @@ def test_a_cache_source_the_agent_does_not_fetch_from_is_refused(
     example_plans: dict[str, Plan],
 ) -> None:
     dev = PlatformView(example_plans["dev"].outputs)
-    assert issues_of(_cache_job("s3://elsewhere/imagenet/v1/"), dev) == [
+    assert issues_of(cache_job("s3://elsewhere/imagenet/v1/"), dev) == [
         "job.spec.data.cacheFrom: 's3://elsewhere/imagenet/v1/' is not under a source the node "
         "cache fetches from (s3://acme-datasets/); the platform adds one in "
         "storage.nvmeCache.sources"
@@ -351,7 +352,7 @@ def test_every_variant_validates_against_the_volcano_crd(
         render(load_job(PS), view, "vision"),
         render(dataclasses.replace(demo, topology=Topology("soft", "zone")), view, "vision"),
         render(
-            _cache_job(),
+            cache_job(),
             PlatformView(example_plans["dev"].outputs),
             "vision",
         ),

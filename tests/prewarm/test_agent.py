@@ -39,6 +39,7 @@ from tests.prewarm.conftest import (
     S3Server,
     make_files,
     read_tree,
+    unshare_works,
     upload,
     write_tree,
 )
@@ -607,13 +608,6 @@ def test_the_liveness_probe_fails_on_a_hung_or_unready_agent_and_follows_the_spe
     assert main(["probe", "--timeout", "0"], log=LogCapture()) == ExitCode.USAGE
 
 
-def _unshare_works() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False)
-    return probe.returncode == 0
-
-
 REAL_MOUNT = """
 import errno, subprocess, sys
 from pathlib import Path
@@ -658,7 +652,7 @@ print("ok")
 """
 
 
-@pytest.mark.skipif(not _unshare_works(), reason="no user+mount namespace here (unshare -rm)")
+@pytest.mark.skipif(not unshare_works(), reason="no user+mount namespace here (unshare -rm)")
 def test_the_real_mounter_binds_read_only_and_unmounts(tmp_path: Path) -> None:
     src, dst = tmp_path / "version", tmp_path / "target"
     src.mkdir()
@@ -747,7 +741,7 @@ print("ok")
 """
 
 
-@pytest.mark.skipif(not _unshare_works(), reason="no user+mount namespace here (unshare -rm)")
+@pytest.mark.skipif(not unshare_works(), reason="no user+mount namespace here (unshare -rm)")
 def test_the_published_version_is_read_only_on_the_host_and_in_the_pod(tmp_path: Path) -> None:
     """The mount propagates to the host as the agent made it: the remount that made it
     read-only must happen before it reaches the shared pods directory, since a remount

@@ -31,6 +31,7 @@ from tests.prewarm.conftest import (
     LogCapture,
     make_files,
     read_tree,
+    unshare_works,
     write_tree,
 )
 
@@ -251,13 +252,6 @@ def test_an_opener_cannot_bypass_the_walk_beneath_the_root(tmp_path: Path) -> No
         DirSource(tmp_path / "v1", beneath=tmp_path / "elsewhere")
 
 
-def _unshare_works() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False)
-    return probe.returncode == 0
-
-
 OTHER_FS = """
 import subprocess, sys
 from pathlib import Path
@@ -276,7 +270,7 @@ print("ok")
 """
 
 
-@pytest.mark.skipif(not _unshare_works(), reason="no user+mount namespace here (unshare -rm)")
+@pytest.mark.skipif(not unshare_works(), reason="no user+mount namespace here (unshare -rm)")
 def test_a_file_system_mounted_inside_a_source_is_refused(tmp_path: Path) -> None:
     """st_dev differs across a mount point: the agent stays on the source root's device."""
     write_tree(tmp_path / "sets" / "v1", {"a.bin": b"a", "mnt/.keep": b""})
