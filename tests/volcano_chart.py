@@ -19,9 +19,7 @@ import yaml
 from trainstack.builders.scheduling import VOLCANO_CHART
 
 CHART_DIR = "installer/helm/chart/volcano"
-RELEASE = (
-    "volcano"  # trainstack/components/scheduling.py installs the chart under this release name
-)
+RELEASE = "volcano"  # components/scheduling.py installs the chart under this release name
 
 
 def go_module_cache() -> Path:

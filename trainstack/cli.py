@@ -29,7 +29,7 @@ from trainstack.diff.cli import register as _register_diff
 from trainstack.diff.cli import select_changed as _select_changed
 from trainstack.documents import document_kind
 from trainstack.jobs.spec import load_job
-from trainstack.policy import config_files
+from trainstack.preview import policy_config as policy_files
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan, normalise, write_plan
 from trainstack.preview.summary import capacity_renderables
@@ -397,10 +397,10 @@ def policy_config(
         previewer = Previewer(Project.find(project_dir.resolve()))
         names = stack_names(previewer.project, stacks) if stacks else previewer.project.stacks()
         if check:
-            stale = config_files.stale(previewer, names)
-            orphans = [] if stacks else config_files.orphans(previewer)
+            stale = policy_files.stale(previewer, names)
+            orphans = [] if stacks else policy_files.orphans(previewer)
             for stack in stale:
-                path = config_files.config_path(previewer, stack)
+                path = policy_files.config_path(previewer, stack)
                 errors.print(f"{shown(path)}: missing or stale", soft_wrap=True)
             for path in orphans:
                 errors.print(f"{shown(path)}: no stack file {path.stem!r}", soft_wrap=True)
@@ -408,9 +408,9 @@ def policy_config(
                 raise _fail("policy pack config out of date; run `make policy-config`")
             console.print(f"policy pack config up to date ({len(names)} stacks)")
             return
-        for path in config_files.write(previewer, names):
+        for path in policy_files.write(previewer, names):
             console.print(f"wrote {shown(path)}", soft_wrap=True)
-        for path in [] if stacks else config_files.orphans(previewer):
+        for path in [] if stacks else policy_files.orphans(previewer):
             path.unlink()
             console.print(f"removed {shown(path)} (no stack file)", soft_wrap=True)
     except (ConfigError, pulumi.RunError) as err:

@@ -16,12 +16,11 @@ from trainstack.builders.fabric import (
     divisors,
     efa_network_interfaces,
     efa_profile,
-    pod_interfaces,
     rdma_profile,
-    socket_ifname_matches,
     tcp_profile,
 )
 from trainstack.catalog import catalog, lookup
+from trainstack.config.interfaces import pod_interfaces, socket_ifname_matches
 from trainstack.jobs.platform import profile
 
 

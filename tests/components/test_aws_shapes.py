@@ -76,7 +76,7 @@ def test_system_nodes_keep_two_hops_for_the_add_ons_that_read_metadata(
     run_program: Callable[..., Recorded], prod: PlatformConfig
 ) -> None:
     """The other side of the GPU rule: add-on pods on system nodes (EBS CSI node) read IMDS, and
-    no team pod schedules there (trainstack/components/nodes.imdsv2_only)."""
+    no team pod schedules there (components/nodes.imdsv2_only)."""
     rec = run_program(lambda: Platform("p", prod), region="us-east-1")
     system = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "p-cluster-system-lt")
     assert system.inputs["metadataOptions"]["httpPutResponseHopLimit"] == 2

@@ -44,7 +44,7 @@ def test_files_map_to_stacks(files: list[str], stacks: list[str]) -> None:
 
 def test_the_policy_config_folder_is_the_generators() -> None:
     from trainstack.diff.changed import POLICY_CONFIG_DIR  # noqa: PLC0415
-    from trainstack.policy.config_files import CONFIG_DIR  # noqa: PLC0415
+    from trainstack.preview.policy_config import CONFIG_DIR  # noqa: PLC0415
 
     assert CONFIG_DIR.as_posix() == POLICY_CONFIG_DIR
 

@@ -29,9 +29,9 @@ from tests.e2e.kube import ApiError, wait_for
 from tests.policy.test_equivalence import CASES, CONFIG, RULES, Mutation, demo_job, trainer
 from trainstack.builders.admission import QUEUE_POLICY
 from trainstack.policy.admission import POLICY_PREFIX, admission_policies
+from trainstack.policy.isolation import POOL_LABEL
 from trainstack.policy.objects import VOLCANO_JOB
 from trainstack.policy.pack import evaluate
-from trainstack.policy.rules import POOL_LABEL
 from trainstack.policy.settings import levels, pack_config
 from trainstack.preview.engine import Previewer
 

@@ -24,11 +24,11 @@ from tests.conftest import ROOT
 from tests.e2e import policy_cli
 from tests.e2e.pulumi_engine import Engine, sdk_plugin_version
 from tests.policy import stacks
-from trainstack.policy import config_files
 from trainstack.policy.pack import evaluate
 from trainstack.policy.rules import RULES
 from trainstack.policy.settings import levels, pack_config
 from trainstack.policy.stack_rules import STACK_RULES
+from trainstack.preview import policy_config
 from trainstack.preview.engine import Previewer
 
 PACK = ROOT / "policies"
@@ -68,13 +68,13 @@ def test_the_cli_reports_what_the_preview_reported(
     assert reported
     assert mandatory is (stack == "vision-strict")
     resources = _resources(variants, stack)
-    cfg = config_files.platform_config(variants, stack)
+    cfg = policy_config.platform_config(variants, stack)
     # The program's resources are all the plan's resources a rule reads: the same report.
     same = evaluate(resources, pack_config(cfg), levels(cfg))
     assert sorted((v.rule, v.resource, v.level, v.message) for v in same) == reported
 
     config = tmp_path / f"{stack}.json"
-    config.write_text(config_files.generate(variants, stack))
+    config.write_text(policy_config.generate(variants, stack))
     launcher = policy_cli.launcher(tmp_path / "pack", PACK)
     project = policy_cli.new_project(engine, tmp_path / "project", stack, resources)
     result = policy_cli.preview(engine, project, stack, launcher, config)
@@ -104,7 +104,7 @@ def test_the_folder_needs_the_language_host_not_built_here(
     automatic plugin acquisition off it stops at once (engine/update.go loadPolicyAnalyzer,
     policyAnalyzerMissingError)."""
     config = tmp_path / "lab.json"
-    config.write_text(config_files.generate(variants, "lab"))
+    config.write_text(policy_config.generate(variants, "lab"))
     resources = _resources(variants, "lab")[:1]
     project = policy_cli.new_project(engine, tmp_path / "project", "folder", resources)
     result = policy_cli.preview(engine, project, "folder", PACK, config, timeout=120)

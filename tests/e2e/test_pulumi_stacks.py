@@ -37,7 +37,7 @@ from tests.volcano_chart import volcano_source
 from trainstack.builders import labels
 from trainstack.builders.scheduling import scheduler_config
 from trainstack.config import PlatformConfig
-from trainstack.policy import config_files
+from trainstack.preview import policy_config
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import _urn_ref as urn_ref
 
@@ -428,7 +428,7 @@ def test_platform_and_team_stacks_under_the_real_engine(
     reported = sorted((v["rule"], v["resource"], v["level"]) for v in plan.violations)
     assert any(level == "mandatory" for *_, level in reported), reported
     config = root / "policy-config.json"
-    config.write_text(config_files.generate(project.previewer(), TEAM))
+    config.write_text(policy_config.generate(project.previewer(), TEAM))
     launcher = policy_cli.launcher(root / "pack", PACK)
     result = policy_cli.preview(engine, root, TEAM, launcher, config, timeout=600, env=own)
     found = sorted(

@@ -90,7 +90,10 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("clone") / "trainstack"
     for name in filter(None, listed.split("\0")):
         source = ROOT / name
-        if source.is_file():  # a file deleted but not yet committed is listed too
+        if source.is_symlink():  # as git checks one out: a link (trainstack/components)
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            (target / name).symlink_to(os.readlink(source))
+        elif source.is_file():  # a file deleted but not yet committed is listed too
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name)
     return target
@@ -151,6 +154,10 @@ def test_build_is_clean(dist: tuple[Path, Path, str]) -> None:
     assert not [c for c in metadata.get_all("Classifier") or [] if c.startswith("License ::")]
     assert top_level == ["trainstack"]
     assert {n.split("/")[0] for n in names} == {"trainstack", info}
+    # The top-level components/ folder, through the trainstack/components link (issue 38).
+    components = {p.name for p in (ROOT / "components").glob("*.py")}
+    assert components
+    assert {f"trainstack/components/{name}" for name in components} <= set(names)
     data = {
         str(p.relative_to(ROOT))
         for pattern in ("trainstack/schemas/*.json", "trainstack/data/*")

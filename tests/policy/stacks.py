@@ -28,9 +28,9 @@ import yaml
 from tests.conftest import ROOT
 from trainstack.config import PlatformConfig, TeamStackConfig
 from trainstack.policy.admission import POLICY_PREFIX
-from trainstack.policy.config_files import platform_config
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan
+from trainstack.preview.policy_config import platform_config
 
 Settings = dict[str, Any]
 

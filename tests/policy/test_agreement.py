@@ -33,12 +33,12 @@ from tests.policy import stacks
 from tests.policy.cel import evaluate as cel_admits
 from tests.policy.crossguard import analyze_configured
 from tests.policy.test_equivalence import CASES, Mutation
-from trainstack.policy.config_files import CONFIG_DIR, config_document
 from trainstack.policy.objects import VOLCANO_JOB
 from trainstack.policy.pack import evaluate
 from trainstack.policy.rules import K8S_RULES
 from trainstack.policy.settings import levels, pack_config
 from trainstack.preview.engine import Previewer
+from trainstack.preview.policy_config import CONFIG_DIR, config_document
 
 K8S = [r.name for r in K8S_RULES]
 _CEL: dict[str, bool] = {}

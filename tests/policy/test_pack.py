@@ -16,9 +16,10 @@ from tests.conftest import EXAMPLE_STACKS, ROOT, STACKS
 from tests.policy.crossguard import analyze
 from tests.policy.test_equivalence import CASES, CONFIG, Mutation, demo_job
 from trainstack.cli import app
+from trainstack.policy.aws_rules import AWS_RULES
 from trainstack.policy.objects import VOLCANO_JOB
 from trainstack.policy.pack import crossguard_policies, evaluate
-from trainstack.policy.rules import AWS_RULES, K8S_RULES, RULES
+from trainstack.policy.rules import K8S_RULES, RULES
 from trainstack.policy.stack_rules import STACK_RULES
 from trainstack.preview.plan import Plan
 

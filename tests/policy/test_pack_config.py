@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 from tests.conftest import EXAMPLE_STACKS, ROOT
 from tests.policy.crossguard import reconcile
 from trainstack.cli import app
-from trainstack.policy import config_files
 from trainstack.policy.objects import Config
 from trainstack.policy.pack import CONFIG_SCHEMA, crossguard_policies
 from trainstack.policy.settings import levels, pack_config, rule_config
+from trainstack.preview import policy_config
 from trainstack.preview.engine import Previewer, Project
 
 STALE = "policy pack config out of date; run `make policy-config`"
@@ -31,24 +31,24 @@ def previewer() -> Previewer:
 @pytest.mark.parametrize("stack", EXAMPLE_STACKS)
 def test_the_checked_in_file_is_the_generated_one(stack: str, previewer: Previewer) -> None:
     """Like the goldens: a stack file changed without `make policy-config` fails here."""
-    path = config_files.config_path(previewer, stack)
+    path = policy_config.config_path(previewer, stack)
     assert path.is_file(), f"{path} is missing: run `make policy-config`"
-    assert path.read_text() == config_files.generate(previewer, stack), (
+    assert path.read_text() == policy_config.generate(previewer, stack), (
         f"{path} is stale: run `make policy-config`"
     )
 
 
 def test_no_file_outlives_its_stack(previewer: Previewer) -> None:
-    assert config_files.orphans(previewer) == []
+    assert policy_config.orphans(previewer) == []
 
 
 @pytest.mark.parametrize("stack", EXAMPLE_STACKS)
 def test_no_policy_falls_back_to_a_default(stack: str, previewer: Previewer) -> None:
     """As the CLI applies the file (schema defaults, then `all`, then each policy), every
     policy that reads config gets the stack's settings, and every policy the stack's level."""
-    cfg = config_files.platform_config(previewer, stack)
+    cfg = policy_config.platform_config(previewer, stack)
     assert set(pack_config(cfg)) == set(CONFIG_SCHEMA.properties)
-    document = json.loads(config_files.config_path(previewer, stack).read_text())
+    document = json.loads(policy_config.config_path(previewer, stack).read_text())
     configured = reconcile(document)
     wanted = json.loads(json.dumps(pack_config(cfg)))
     for policy in crossguard_policies():
@@ -60,22 +60,22 @@ def test_no_policy_falls_back_to_a_default(stack: str, previewer: Previewer) -> 
 
 
 def test_team_stacks_get_their_platforms_file(previewer: Previewer) -> None:
-    assert config_files.generate(previewer, "vision") == config_files.generate(previewer, "prod")
+    assert policy_config.generate(previewer, "vision") == policy_config.generate(previewer, "prod")
 
 
 def test_a_setting_missing_from_the_schema_stops_the_generator(
     previewer: Previewer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One list of properties, the pack's schema: a setting added to one side only fails."""
-    cfg = config_files.platform_config(previewer, "prod")
+    cfg = policy_config.platform_config(previewer, "prod")
     extra = {**pack_config(cfg), "maxGpusPerJob": 8}
-    monkeypatch.setattr(config_files, "pack_config", lambda _: extra)
+    monkeypatch.setattr(policy_config, "pack_config", lambda _: extra)
     with pytest.raises(ValueError, match="maxGpusPerJob"):
-        config_files.config_document(cfg)
+        policy_config.config_document(cfg)
     fewer = {k: v for k, v in pack_config(cfg).items() if k != "allowedRegistries"}
-    monkeypatch.setattr(config_files, "pack_config", lambda _: fewer)
+    monkeypatch.setattr(policy_config, "pack_config", lambda _: fewer)
     with pytest.raises(ValueError, match="allowedRegistries"):
-        config_files.config_document(cfg)
+        policy_config.config_document(cfg)
 
 
 def _project(tmp_path: Path) -> Path:

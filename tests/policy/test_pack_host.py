@@ -38,13 +38,13 @@ from tests.conftest import EXAMPLE_STACKS, ROOT
 from tests.policy import language_host, stacks
 from tests.policy.crossguard import reconcile
 from tests.policy.test_equivalence import CASES
-from trainstack.policy.config_files import CONFIG_DIR, config_document, platform_config
 from trainstack.policy.objects import VOLCANO_JOB
 from trainstack.policy.pack import CONFIG_SCHEMA, PACK_NAME, crossguard_policies, evaluate
 from trainstack.policy.rules import RULES
 from trainstack.policy.settings import levels, pack_config
 from trainstack.policy.stack_rules import STACK_RULES
 from trainstack.preview.engine import Previewer
+from trainstack.preview.policy_config import CONFIG_DIR, config_document, platform_config
 
 PACK = ROOT / "policies"
 ENGINE = "127.0.0.1:1"  # see the module docstring

@@ -6,8 +6,7 @@ import ipaddress
 import math
 from dataclasses import dataclass
 
-# Private subnets hold every pod IP (VPC CNI), so they get almost all of the space.
-MAX_VPC_PREFIX = 20
+from trainstack.config.model import MAX_VPC_PREFIX
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from trainstack.policy.rules import is_pinned
+from trainstack.config.images import is_pinned
 
 ANNOTATION_PREFIX: Final = "checkov.io/skip-"
 CHECK_ID: Final = re.compile(r"CKV2?_K8S_[0-9]+")
@@ -34,11 +34,11 @@ MIN_REASON: Final = 40  # a sentence with its source, not "needed" or "by design
 UNPINNED_IMAGE: Final = {
     "CKV_K8S_43": (
         "a build tag outside production; production stacks must pin this image by digest "
-        "(config/loader.py PLATFORM_IMAGES and policy/rules.py is_pinned)"
+        "(config/images.py PLATFORM_IMAGES and is_pinned)"
     ),
     "CKV_K8S_15": (
         "a build tag outside production, pulled if not present like any tag; production "
-        "stacks pin it by digest instead (config/loader.py PLATFORM_IMAGES)"
+        "stacks pin it by digest instead (config/images.py PLATFORM_IMAGES)"
     ),
 }
 

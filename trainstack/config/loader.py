@@ -7,25 +7,23 @@ Pulumi program all come through here.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
 from trainstack import yamlio
-from trainstack.builders.network import MAX_VPC_PREFIX
-from trainstack.config import k8s_syntax
 from trainstack.config import model as m
 from trainstack.config.addons import addon_checks, build_addons
+from trainstack.config.aws import addon_pin_checks, aws_checks, build_aws
 from trainstack.config.capacity import capacity_issues, mode_issues
-from trainstack.config.checks import dict_items, duplicate_names, size_issues
+from trainstack.config.checks import dict_items, duplicate_names
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean, join_path
+from trainstack.config.images import platform_image_checks
 from trainstack.config.monitoring import build_monitoring, monitoring_checks
 from trainstack.config.pools import build_pools, network_zones, pool_checks
 from trainstack.config.schema import apply_defaults, load_schema, schema_issues
 from trainstack.config.storage import build_storage, storage_checks
-from trainstack.policy.rules import is_pinned, pin_required
 
 PLATFORM_KEY = "trainstack:platform"
 TEAM_KEY = "trainstack:team"
@@ -171,67 +169,17 @@ def _platform_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
             )
     aws = doc.get("aws")
     if isinstance(aws, Mapping):
-        issues.extend(_aws_checks(aws, join_path(root, "aws")))
-        issues.extend(_addon_pin_checks(aws, doc.get("storage"), join_path(root, "aws")))
+        issues.extend(aws_checks(aws, join_path(root, "aws")))
+        issues.extend(addon_pin_checks(aws, doc.get("storage"), join_path(root, "aws")))
     registry = doc.get("registry")
     if isinstance(registry, Mapping):
         issues.extend(_registry_checks(registry, join_path(root, "registry"), _pool_names(doc)))
-    issues.extend(_platform_image_checks(doc, root))
+    issues.extend(platform_image_checks(doc, root))
     issues.extend(mode_issues(doc, root))
     issues.extend(pool_checks(doc, root))
     issues.extend(storage_checks(doc, root, network_zones(doc)))
     issues.extend(monitoring_checks(doc, root))
     issues.extend(addon_checks(doc, root))
-    return issues
-
-
-# The platform's own images (issue 37: pinned by digest in production, like team images):
-# (path in the platform document, what builds it, whether the document uses it).
-PLATFORM_IMAGES: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("scheduling", "deadlines", "image"), "build images/deadlines, push it to your "
-     "registry and set image: <registry>/trainstack/deadlines@sha256:… (docs/deadlines.md)"),
-    (("storage", "nvmeCache", "agentImage"), "build images/prewarm, push it to your "
-     "registry and set agentImage: <registry>/trainstack/prewarm@sha256:… (docs/prewarm.md)"),
-    (("storage", "nvmeCache", "registrarImage"), "mirror "
-     "registry.k8s.io/sig-storage/csi-node-driver-registrar and set registrarImage: "
-     "<registry>/csi-node-driver-registrar@sha256:…"),
-    (("storage", "layoutImage"), "build images/prewarm, push it to your registry and set "
-     "layoutImage: <registry>/trainstack/prewarm@sha256:… (docs/security.md)"),
-)  # fmt: skip
-
-
-def _image_in_use(doc: Mapping[str, Any], where: tuple[str, ...]) -> tuple[bool, object]:
-    """(whether the platform runs the image at `where`, its value if set)."""
-    node: object = doc
-    for key in where[:-1]:
-        node = node.get(key) if isinstance(node, Mapping) else None
-    if not isinstance(node, Mapping):
-        return where[0] == "scheduling", None  # the enforcer runs on every platform
-    if where == ("storage", "layoutImage"):  # runs where there is a shared file system
-        return "lustre" in node or "existingLustre" in node, node.get(where[-1])
-    return True, node.get(where[-1])
-
-
-def _platform_image_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
-    """Images the platform runs itself are pinned as team images are (rules.is_pinned):
-    by digest in production, by a build tag otherwise (issue 19 #4, issue 37)."""
-    production = doc.get("environment") == "production"
-    issues: list[ConfigIssue] = []
-    for where, fix in PLATFORM_IMAGES:
-        used, image = _image_in_use(doc, where)
-        if not used:
-            continue
-        path = join_path(root, *where)
-        if image is None and production:  # the default is a tag nobody published, or moves
-            message = f"not set; production pins its images by digest: {fix}"
-            issues.append(ConfigIssue(path, message))
-        elif (
-            isinstance(image, str)
-            and not k8s_syntax.image_reference(image)  # a malformed one: the schema says so
-            and not is_pinned(image, production=production)
-        ):
-            pin = pin_required(production)
-            issues.append(ConfigIssue(path, f"{image!r} is not pinned by {pin}: {fix}"))
     return issues
 
 
@@ -241,150 +189,6 @@ def _pool_names(doc: Mapping[str, Any]) -> set[str] | None:
     if not isinstance(pools, list):
         return None
     return {p["name"] for _, p in dict_items(pools) if isinstance(p.get("name"), str)}
-
-
-def _aws_checks(aws: Mapping[str, Any], root: str) -> list[ConfigIssue]:
-    issues: list[ConfigIssue] = []
-    network = aws.get("network")
-    if isinstance(network, Mapping):
-        issues.extend(_network_checks(network, aws.get("region"), join_path(root, "network")))
-    cluster = aws.get("cluster")
-    if isinstance(cluster, Mapping):
-        issues.extend(_cluster_checks(cluster, join_path(root, "cluster")))
-    return issues
-
-
-def _addon_pin_checks(aws: Mapping[str, Any], storage: object, root: str) -> list[ConfigIssue]:
-    """A stack that pins add-on versions pins every add-on it installs.
-
-    EKS installs an add-on created without a version at its default for the cluster version
-    (EKS API reference, CreateAddon `addonVersion`; `aws eks describe-addon-versions` marks the
-    default), so the unpinned one would differ between two clusters built from one stack.
-    """
-    cluster = aws.get("cluster")
-    pins = cluster.get("addons") if isinstance(cluster, Mapping) else None
-    if not isinstance(pins, Mapping) or not pins:
-        return []
-    needed = _storage_addons(storage if isinstance(storage, Mapping) else {})
-    why = dict.fromkeys(CORE_ADDONS, "every EKS cluster gets it") | {
-        addon: f"storage.{key} needs it" for key, addon in STORAGE_ADDONS.items()
-    }
-    missing = [a for a in (*CORE_ADDONS, *needed) if a not in pins]
-    return [
-        ConfigIssue(
-            join_path(root, "cluster", "addons"),
-            f"pins {len(pins)} add-on versions but not {addon} ({why[addon]}), which EKS "
-            "would install at its default version; pin it (aws eks describe-addon-versions "
-            f"--addon-name {addon} --kubernetes-version <version>) or pin none",
-        )
-        for addon in missing
-    ]
-
-
-def _network_checks(network: Mapping[str, Any], region: object, net_path: str) -> list[ConfigIssue]:
-    issues: list[ConfigIssue] = []
-    creates = "vpcCidr" in network or "availabilityZones" in network
-    existing = "existingVpc" in network
-    if creates and existing:
-        issues.append(
-            ConfigIssue(
-                net_path,
-                "give either vpcCidr + availabilityZones (create a VPC) or existingVpc, not both",
-            )
-        )
-    elif not creates and not existing:
-        issues.append(ConfigIssue(net_path, "give vpcCidr + availabilityZones, or existingVpc"))
-    elif creates:
-        issues += [
-            ConfigIssue(join_path(net_path, field), "required to create a VPC")
-            for field in ("vpcCidr", "availabilityZones")
-            if field not in network
-        ]
-    cidr = network.get("vpcCidr")
-    if isinstance(cidr, str):
-        issues += _cidr_checks(cidr, join_path(net_path, "vpcCidr"))
-    zones: list[tuple[str, str]] = []
-    if isinstance(network.get("availabilityZones"), list):
-        zones = [
-            (join_path(net_path, "availabilityZones", i), z)
-            for i, z in enumerate(network["availabilityZones"])
-            if isinstance(z, str)
-        ]
-    vpc = network.get("existingVpc")
-    if isinstance(vpc, Mapping):
-        subnets = list(dict_items(vpc.get("privateSubnets")))
-        sub_path = join_path(net_path, "existingVpc", "privateSubnets")
-        zones += [
-            (join_path(sub_path, i, "availabilityZone"), s["availabilityZone"])
-            for i, s in subnets
-            if isinstance(s.get("availabilityZone"), str)
-        ]
-        distinct = {s.get("availabilityZone") for _, s in subnets}
-        if len(subnets) >= 2 and len(distinct) < 2:
-            issues.append(
-                ConfigIssue(
-                    sub_path,
-                    "EKS needs subnets in at least two availability zones; "
-                    f"all are in {distinct.pop()}",
-                )
-            )
-    if isinstance(region, str):
-        issues += [
-            ConfigIssue(path, f"zone {zone!r} is not in region {region!r}")
-            for path, zone in zones
-            if not zone.startswith(region) or len(zone) != len(region) + 1
-        ]
-    return issues
-
-
-def _cidr_checks(cidr: str, path: str) -> list[ConfigIssue]:
-    try:
-        network = ipaddress.ip_network(cidr, strict=True)
-    except ValueError as err:
-        return [ConfigIssue(path, f"{cidr!r} is not a network address ({err})")]
-    if network.prefixlen > MAX_VPC_PREFIX or network.prefixlen < 16:
-        return [
-            ConfigIssue(
-                path,
-                f"{cidr!r} has prefix /{network.prefixlen}; use /16 to /{MAX_VPC_PREFIX} "
-                "(pods take VPC addresses, so GPU clusters need room)",
-            )
-        ]
-    return []
-
-
-def _cluster_checks(cluster: Mapping[str, Any], root: str) -> list[ConfigIssue]:
-    issues: list[ConfigIssue] = []
-    endpoint = cluster.get("endpoint")
-    if (
-        isinstance(endpoint, Mapping)
-        and endpoint.get("publicAccess") is False
-        and endpoint.get("privateAccess") is False
-    ):
-        issues.append(
-            ConfigIssue(
-                join_path(root, "endpoint"),
-                "publicAccess and privateAccess are both false: nothing could reach the API "
-                "server; enable at least one",
-            )
-        )
-    if (
-        isinstance(endpoint, Mapping)
-        and endpoint.get("publicAccess") is False
-        and "publicAccessCidrs" in endpoint
-    ):
-        issues.append(
-            ConfigIssue(
-                join_path(root, "endpoint", "publicAccessCidrs"),
-                "has no effect with publicAccess: false; remove it",
-            )
-        )
-    system = cluster.get("systemNodeGroup")
-    if isinstance(system, Mapping):
-        issues += size_issues(
-            system, join_path(root, "systemNodeGroup"), ("minSize", "desiredSize", "maxSize")
-        )
-    return issues
 
 
 def _team_quota_and_pool_checks(
@@ -487,7 +291,7 @@ def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
         cluster_name=cluster_name,
         kubernetes_version=doc["kubernetesVersion"],
         tags=tuple(sorted(doc.get("tags", {}).items())),
-        aws=_build_aws(aws, doc["storage"]) if aws is not None else None,
+        aws=build_aws(aws, doc["storage"]) if aws is not None else None,
         existing=(
             m.ExistingCluster(kubeconfig=existing.get("kubeconfig"), context=existing["context"])
             if existing is not None
@@ -519,73 +323,6 @@ def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
         monitoring=build_monitoring(doc["monitoring"]),
         addons=build_addons(doc["addons"]),
     )
-
-
-def _build_aws(aws: dict[str, Any], storage: Mapping[str, Any]) -> m.AwsSettings:
-    network = aws["network"]
-    net: m.NewVpc | m.ExistingVpc
-    if "existingVpc" in network:
-        vpc = network["existingVpc"]
-        net = m.ExistingVpc(
-            vpc_id=vpc["vpcId"],
-            private_subnets=tuple(
-                m.Subnet(id=s["id"], availability_zone=s["availabilityZone"])
-                for s in vpc["privateSubnets"]
-            ),
-        )
-    else:
-        net = m.NewVpc(
-            cidr=network["vpcCidr"],
-            availability_zones=tuple(network["availabilityZones"]),
-            nat_gateways=network["natGateways"],
-        )
-    cluster = aws["cluster"]
-    endpoint = cluster["endpoint"]
-    system = cluster["systemNodeGroup"]
-    return m.AwsSettings(
-        region=aws["region"],
-        network=net,
-        cluster=m.EksSettings(
-            endpoint=m.EndpointAccess(
-                public=endpoint["publicAccess"],
-                private=endpoint["privateAccess"],
-                public_cidrs=tuple(endpoint["publicAccessCidrs"])
-                if endpoint["publicAccess"]
-                else (),
-            ),
-            logging=tuple(cluster["logging"]),
-            log_retention_days=cluster["logRetentionDays"],
-            secrets_kms_key_arn=cluster.get("secretsKmsKeyArn"),
-            admin_principal_arns=tuple(cluster["adminPrincipalArns"]),
-            system_node_group=m.SystemNodeGroup(
-                instance_type=system["instanceType"],
-                size=m.NodeGroupSize(
-                    min=system["minSize"], desired=system["desiredSize"], max=system["maxSize"]
-                ),
-                disk_size_gib=system["diskSizeGiB"],
-            ),
-            addons=_addons(cluster["addons"], _storage_addons(storage)),
-        ),
-    )
-
-
-# Installed on every EKS cluster; versions may be pinned in config.
-CORE_ADDONS = ("vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent", "aws-ebs-csi-driver")
-
-
-# The CSI driver each kind of storage needs, as an EKS add-on.
-STORAGE_ADDONS = {"lustre": "aws-fsx-csi-driver", "efs": "aws-efs-csi-driver"}
-
-
-def _storage_addons(storage: Mapping[str, Any]) -> tuple[str, ...]:
-    """CSI drivers the configured storage needs, as EKS add-ons."""
-    return tuple(addon for key, addon in STORAGE_ADDONS.items() if key in storage)
-
-
-def _addons(pins: Mapping[str, str], needed: tuple[str, ...]) -> tuple[m.AddonPin, ...]:
-    """Core add-ons, those the config's features need (FSx CSI), then any extra pins."""
-    names = list(dict.fromkeys([*CORE_ADDONS, *needed, *sorted(pins)]))
-    return tuple(m.AddonPin(name=n, version=pins.get(n)) for n in names)
 
 
 def _build_registry(doc: dict[str, Any], pool_names: tuple[str, ...]) -> m.Registry:

@@ -92,6 +92,11 @@ class Subnet:
     availability_zone: str
 
 
+# The smallest VPC the platform lays out (builders/network.plan_subnets): private subnets hold
+# every pod IP (VPC CNI), so they get almost all of the space. The loader refuses a smaller one.
+MAX_VPC_PREFIX = 20
+
+
 @dataclass(frozen=True)
 class NewVpc:
     cidr: str

@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from trainstack.builders.fabric import pod_interfaces, socket_ifname_matches
 from trainstack.catalog import catalog
 from trainstack.config import model as m
 from trainstack.config.checks import dict_items, duplicate_names, size_issues
 from trainstack.config.errors import ConfigIssue, did_you_mean, join_path
+from trainstack.config.interfaces import pod_interfaces, socket_ifname_matches
 
 AWS_FABRICS = ("efa", "tcp")
 EXISTING_FABRICS = ("infiniband", "roce", "tcp")

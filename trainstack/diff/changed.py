@@ -16,7 +16,7 @@ from trainstack.preview.engine import Project
 IGNORED_PREFIXES = ("docs/", "tests/", ".github/")
 IGNORED_NAMES = (".gitignore", "LICENSE")
 IGNORED_SUFFIXES = (".md",)
-POLICY_CONFIG_DIR = "policies/config"  # policy/config_files.CONFIG_DIR (no import: it previews)
+POLICY_CONFIG_DIR = "policies/config"  # preview/policy_config.CONFIG_DIR (no import: it previews)
 
 
 @dataclass

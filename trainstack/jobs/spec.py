@@ -14,9 +14,10 @@ from trainstack import yamlio
 from trainstack.builders import labels
 from trainstack.config import k8s_syntax
 from trainstack.config.errors import ConfigError, ConfigIssue, join_path
+from trainstack.config.images import MOVING_TAG, is_pinned
 from trainstack.config.schema import apply_defaults, schema_issues
 from trainstack.contracts.runtime import CHECKPOINT_DIR_DEFAULT, ENV_CHECKPOINT_DIR
-from trainstack.policy.rules import MOVING_TAG, is_pinned, reserved_key
+from trainstack.policy.isolation import reserved_key
 
 SCHEMA = "job.schema.json"
 API_VERSION = "trainstack.io/v1alpha1"

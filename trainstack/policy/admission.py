@@ -12,6 +12,19 @@ from typing import Any
 
 from trainstack.builders import labels
 from trainstack.builders.admission import VOLCANO_JOBS, team_policy
+from trainstack.config.images import DIGEST, MOVING_TAG, PINNED_IMAGE
+from trainstack.policy.isolation import (
+    CACHE_DRIVER,
+    DATASETS_CLAIM,
+    GPU_TAINT_KEY,
+    PLUGINS,
+    POOL_LABEL,
+    PYTORCH_ARG,
+    SCHEDULING_KEY_PREFIXES,
+    SCHEDULING_KEYS,
+    SVC_PLUGIN_ARGS,
+    VOLCANO_SCHEDULER,
+)
 from trainstack.policy.objects import (
     DEVICE_PREFIXES,
     DEVICE_RESOURCES,
@@ -29,24 +42,11 @@ from trainstack.policy.pod_security import (
     RESTRICTED_VOLUMES,
 )
 from trainstack.policy.rules import (
-    CACHE_DRIVER,
     CHECKPOINT_ENV,
     CHECKPOINT_PATH,
-    DATASETS_CLAIM,
-    DIGEST,
-    GPU_TAINT_KEY,
     K8S_RULES,
     MAX_DURATION_ANNOTATION,
-    MOVING_TAG,
-    PINNED_IMAGE,
-    PLUGINS,
-    POOL_LABEL,
-    PYTORCH_ARG,
-    SCHEDULING_KEY_PREFIXES,
-    SCHEDULING_KEYS,
-    SVC_PLUGIN_ARGS,
     UPDATE_READS,
-    VOLCANO_SCHEDULER,
 )
 
 POLICY_PREFIX = "trainstack-rule-"

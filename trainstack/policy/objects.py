@@ -9,7 +9,7 @@ the CrossGuard analyzer hands a policy.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -96,6 +96,21 @@ class Config:
                 for k, v in as_map(raw.get("teamPools", {})).items()
             },
         )
+
+
+# -- a rule --------------------------------------------------------------------------------
+
+Check = Callable[[Mapping[str, Any], Config], list[str]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    description: str
+    remediation: str
+    resource_types: tuple[str, ...]
+    check: Check
+    level: Level = "mandatory"
 
 
 # -- walking a Volcano Job ------------------------------------------------------------------

@@ -22,8 +22,8 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from trainstack.policy.objects import Config
-from trainstack.policy.rules import RULES, Rule
+from trainstack.policy.objects import Config, Rule
+from trainstack.policy.rules import RULES
 from trainstack.policy.stack_rules import STACK_RULES, StackResource, StackRule
 
 PACK_NAME = "trainstack"

@@ -7,8 +7,8 @@ from typing import Any
 from trainstack.builders.pools import pool_selector
 from trainstack.builders.scheduling import priority_class_name
 from trainstack.config.model import PlatformConfig
-from trainstack.policy.objects import Config
-from trainstack.policy.rules import RULES, Rule
+from trainstack.policy.objects import Config, Rule
+from trainstack.policy.rules import RULES
 from trainstack.policy.stack_rules import STACK_RULES, StackRule
 
 
