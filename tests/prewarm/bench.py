@@ -33,7 +33,7 @@ from moto.server import ThreadedMotoServer
 from trainstack_prewarm.fetch import Fetcher, FetchOptions
 from trainstack_prewarm.log import JsonLog
 from trainstack_prewarm.retry import RetryPolicy
-from trainstack_prewarm.sources import make_s3_client
+from trainstack_prewarm.s3 import make_s3_client
 
 from tests.prewarm.loadtest import FleetResult, GeneratedSource, publish, run_fleet
 from trainstack.builders.cache import node_request_rate

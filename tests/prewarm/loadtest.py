@@ -35,13 +35,12 @@ from trainstack_prewarm.fetch import Fetcher, FetchOptions
 from trainstack_prewarm.limits import RateOptions, SourceLimiter
 from trainstack_prewarm.log import JsonLog
 from trainstack_prewarm.retry import RetryPolicy
+from trainstack_prewarm.s3 import S3Source, make_s3_client
 from trainstack_prewarm.sources import (
     ListPage,
     LocalCheck,
     RemoteFile,
-    S3Source,
     Sink,
-    make_s3_client,
 )
 
 _NODE = re.compile(r"node/(\d+)")

@@ -31,7 +31,8 @@ from trainstack_prewarm.cli import build_agent, build_parser, main
 from trainstack_prewarm.csi import DRIVER_NAME, RESERVED_WORKERS, serve
 from trainstack_prewarm.errors import ExitCode, SourceError
 from trainstack_prewarm.fetch import Fetcher, FetchOptions
-from trainstack_prewarm.sources import ListPage, Source, open_source
+from trainstack_prewarm.location import open_source
+from trainstack_prewarm.sources import ListPage, Source
 
 from tests.prewarm.conftest import (
     LogCapture,

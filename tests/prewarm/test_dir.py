@@ -14,6 +14,7 @@ from typing import BinaryIO
 
 import pytest
 from trainstack_prewarm import cache
+from trainstack_prewarm.dirsource import DirSource
 from trainstack_prewarm.errors import (
     ExitCode,
     IntegrityError,
@@ -23,7 +24,6 @@ from trainstack_prewarm.errors import (
 )
 from trainstack_prewarm.fetch import Fetcher, FetchOptions
 from trainstack_prewarm.retry import RetryPolicy
-from trainstack_prewarm.sources import DirSource
 
 from tests.prewarm.conftest import (
     FakeTime,
@@ -256,7 +256,7 @@ OTHER_FS = """
 import subprocess, sys
 from pathlib import Path
 from trainstack_prewarm.errors import SourceError
-from trainstack_prewarm.sources import DirSource
+from trainstack_prewarm.dirsource import DirSource
 sets = Path(sys.argv[1])
 subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(sets / "v1" / "mnt")], check=True)
 (sets / "v1" / "mnt" / "x.bin").write_bytes(b"x")

@@ -15,9 +15,10 @@ from trainstack_prewarm.errors import (
     LockTimeoutError,
     SourceError,
 )
-from trainstack_prewarm.fetch import Fetcher, _tmp_name
+from trainstack_prewarm.fetch import Fetcher
 from trainstack_prewarm.retry import RetryPolicy
-from trainstack_prewarm.sources import S3Source
+from trainstack_prewarm.s3 import S3Source
+from trainstack_prewarm.transfer import _tmp_name
 
 from tests.prewarm.conftest import (
     FakeTime,

@@ -23,7 +23,7 @@ from trainstack_prewarm.errors import ThrottledError, TransientError
 from trainstack_prewarm.fetch import Fetcher, FetchOptions
 from trainstack_prewarm.limits import AdaptiveRateLimiter, RateOptions, SourceLimiter
 from trainstack_prewarm.retry import RetryPolicy
-from trainstack_prewarm.sources import (
+from trainstack_prewarm.s3 import (
     S3Source,
     classify_s3_error,
     make_s3_client,

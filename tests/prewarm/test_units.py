@@ -18,7 +18,8 @@ from trainstack_prewarm.errors import (
 )
 from trainstack_prewarm.limits import SourceLimiter
 from trainstack_prewarm.retry import RetryPolicy, call_with_retry
-from trainstack_prewarm.sources import _EtagHasher, check_relpath, parse_manifest
+from trainstack_prewarm.s3 import _EtagHasher
+from trainstack_prewarm.sources import check_relpath, parse_manifest
 
 
 @given(

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
 
 if HAVE_TORCH:
     import torch
-    from trainstack_runtime import ckptfiles
+    from trainstack_runtime import ckptfiles, ckptwrite
     from trainstack_runtime.checkpoint import (
         MANIFEST,
         CheckpointConfig,
@@ -27,11 +27,11 @@ if HAVE_TORCH:
         TrainState,
         committed_steps,
         select_checkpoint,
-        staging_memory_issue,
         step_dir_name,
         verify,
     )
-    from trainstack_runtime.ckptfiles import SafeReader, safe_loads
+    from trainstack_runtime.ckptmemory import staging_memory_issue
+    from trainstack_runtime.ckptpickle import SafeReader, safe_loads
     from trainstack_runtime.data import ResumableLoader, SyntheticRegression
     from trainstack_runtime.exitcodes import ConfigError, StorageError
 
@@ -236,7 +236,7 @@ def test_checkpoint_records_skip_torch_crc_but_other_saves_keep_it(tmp_path: Pat
     inside, release = threading.Event(), threading.Event()
 
     def writer() -> None:
-        with ckptfiles.without_record_crc32():
+        with ckptwrite.without_record_crc32():
             inside.set()
             release.wait(30)
 
@@ -508,6 +508,6 @@ def test_first_save_refuses_staging_the_pod_cannot_hold(
 ) -> None:
     (tmp_path / "cg").mkdir()
     cgroup = _cgroup(tmp_path / "cg", "100", 0)  # 100 bytes: less than the state
-    monkeypatch.setattr("trainstack_runtime.checkpoint.CGROUP", cgroup)
+    monkeypatch.setattr("trainstack_runtime.ckptmemory.CGROUP", cgroup)
     with pytest.raises(ConfigError, match="raise the job's memory request"):
         _manager(tmp_path / "ckpt").save(1, _state())

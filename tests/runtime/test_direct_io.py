@@ -1,4 +1,4 @@
-"""Checkpoint files written with O_DIRECT through an aligned buffer (ckptfiles.DirectFile).
+"""Checkpoint files written with O_DIRECT through an aligned buffer (ckptwrite.DirectFile).
 
 Through the page cache the writer thread spent ~1.4 s of kernel time per GB of checkpoint on a
 busy node (per-thread accounting, docs/runtime.md, Benchmark). O_DIRECT needs block-aligned
@@ -23,8 +23,8 @@ from tests.runtime.harness import HAVE_TORCH
 pytestmark = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
 
 if HAVE_TORCH:
-    from trainstack_runtime import ckptfiles
-    from trainstack_runtime.ckptfiles import DirectFile
+    from trainstack_runtime import ckptwrite
+    from trainstack_runtime.ckptwrite import DirectFile
 
 
 def _direct_supported(directory: Path) -> bool:
@@ -92,7 +92,7 @@ def test_a_file_system_refusing_o_direct_is_written_as_usual(
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_open(path, flags, mode)
 
-    monkeypatch.setattr(ckptfiles.os, "open", open_refusing)
+    monkeypatch.setattr(ckptwrite.os, "open", open_refusing)
     out = DirectFile(tmp_path / "a")
     assert not out.direct
     out.write(b"a" * 10_000)
@@ -108,7 +108,7 @@ def test_a_file_system_refusing_o_direct_is_written_as_usual(
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_write(fd, data)
 
-    monkeypatch.setattr(ckptfiles.os, "write", write_refusing)
+    monkeypatch.setattr(ckptwrite.os, "write", write_refusing)
     chunks = _chunks(20_000_000, seed=3)
     out = DirectFile(tmp_path / "b")
     for chunk in chunks:

@@ -31,12 +31,10 @@ if HAVE_TORCH:
         CheckpointConfig,
         CheckpointManager,
         TrainState,
-        _nbytes,
-        own_share,
         step_dir_name,
-        writers,
     )
     from trainstack_runtime.ckptfiles import MANIFEST
+    from trainstack_runtime.ckptshare import _nbytes, own_share, writers
 
 
 @given(

@@ -235,7 +235,7 @@ class CacheAgent:
         """Only the platform's dataset sources: the agent fetches with its own credentials.
         A directory source must be a normalised absolute path inside an allowed directory,
         component by component (``/data/sets/../x/`` and ``/data/setsX/`` are not inside
-        ``/data/sets/``); the fill then reads it following no link (sources.DirSource)."""
+        ``/data/sets/``); the fill then reads it following no link (dirsource.DirSource)."""
         if not source.startswith("s3://") and dir_parts(source) is None:
             raise SourceError(
                 f"source {source!r}: not a normalised absolute path ('.', '..' and empty "

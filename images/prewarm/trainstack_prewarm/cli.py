@@ -31,9 +31,11 @@ from trainstack_prewarm.limits import (
     RateOptions,
     SourceLimiter,
 )
+from trainstack_prewarm.location import open_source
 from trainstack_prewarm.log import JsonLog
 from trainstack_prewarm.retry import RetryPolicy
-from trainstack_prewarm.sources import Source, make_s3_client, open_source
+from trainstack_prewarm.s3 import make_s3_client
+from trainstack_prewarm.sources import Source
 
 DEFAULT_CACHE = "/mnt/k8s-disks/0/cache"
 
@@ -304,7 +306,7 @@ def _fetch_setup(
     args: argparse.Namespace,
 ) -> tuple[FetchOptions, SourceLimiter, Callable[..., Source]]:
     """Options, the node's limiter and a source opener from the tuning flags (the opener's
-    ``within``: the agent's allowed prefixes, sources.open_source)."""
+    ``within``: the agent's allowed prefixes, location.open_source)."""
     retry = RetryPolicy(args.max_attempts, args.base_backoff, args.max_backoff)
     if args.file_rounds < 0:
         raise UsageError("--file-rounds must be >= 0")
@@ -360,7 +362,7 @@ def build_agent(
 ) -> node_agent.CacheAgent:
     """The node agent `agent` serves: fills with the tuning flags, one limiter (the node's
     request rate), sources opened only under ``--allow-source`` and a directory source read
-    following no link (sources.DirSource), versions bind-mounted read-only."""
+    following no link (dirsource.DirSource), versions bind-mounted read-only."""
     options, limiter, opener = _fetch_setup(args)
     root = Path(args.cache)
     allowed = tuple(args.allow_source)

@@ -4,7 +4,10 @@ What DCP does (torch 2.13.0): sharded state dicts for DDP, FSDP2 and DTensor mod
 ``get_state_dict``/``set_state_dict``; replicated tensors written once, spread over the ranks;
 resharding on load (a job resumed on another number of ranks reads the pieces it needs,
 straight into its own tensors); staging into reused (pinned where CUDA exists) host copies
-through ``DefaultStager``. What this module adds (layout and verification in ckptfiles.py):
+through ``DefaultStager``. What this module adds, with the manager here and the rest apart
+(layout and verification in ckptfiles.py, how the files are written in ckptwrite.py, the
+restricted readers in ckptpickle.py, the ranks' shares of replicated state in ckptshare.py, the
+pod's memory for staging in ckptmemory.py):
 
 * **Consistency without a rule to remember.** ``save()`` returns once Python-side state is
   pickled and the tensors that forward can change (module buffers) are copied; parameters and
@@ -31,7 +34,6 @@ through ``DefaultStager``. What this module adds (layout and verification in ckp
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 import json
 import logging
@@ -52,14 +54,10 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-import xxhash
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.planner import SavePlan
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .ckptfiles import (
@@ -67,18 +65,13 @@ from .ckptfiles import (
     FORMAT,
     LATEST,
     MANIFEST,
-    ChecksumWriter,
-    SafeLoadPlanner,
-    SafeReader,
     Verdict,
     check_candidate,
     committed_steps,
     copy_verified,
     data_files,
     describe,
-    dumps_private,
     fsync_dir,
-    loads_private,
     quarantine_dir,
     rank_name,
     retain,
@@ -88,6 +81,10 @@ from .ckptfiles import (
     write_atomic,
     write_bytes,
 )
+from .ckptmemory import staging_memory_issue
+from .ckptpickle import SafeLoadPlanner, SafeReader, dumps_private, loads_private
+from .ckptshare import _digest, _nbytes, _SavePlanner, own_share, writers
+from .ckptwrite import ChecksumWriter
 from .contract import (
     CHECKPOINT_DIR_DEFAULT,
     ENV_CHECKPOINT_CHECK_EVERY,
@@ -222,94 +219,6 @@ def restore_rng(state: dict[str, Any]) -> None:
         np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
 
 
-# --- DCP plumbing ---------------------------------------------------------------------------
-class _SavePlanner(DefaultSavePlanner):
-    """DCP's planner, except that module buffers are written by rank 0 only. DCP writes each
-    replicated item once, from whichever rank balances the load (default_planner.py,
-    ``dedup_save_plans``); DDP's buffers (BatchNorm statistics) legitimately differ between
-    ranks after a forward and DDP takes rank 0's at the next one (``broadcast_buffers``), so
-    rank 0's are the ones a bit-exact resume needs."""
-
-    def __init__(self, rank: int, rank0_only: frozenset[str]) -> None:
-        super().__init__()
-        self._rank, self._rank0_only = rank, rank0_only
-
-    def create_local_plan(self) -> SavePlan:
-        plan = super().create_local_plan()
-        if self._rank != 0 and self._rank0_only:
-            items = [i for i in plan.items if i.index.fqn not in self._rank0_only]
-            plan = dataclasses.replace(plan, items=items)
-            self.plan = plan
-        return plan
-
-
-def _flat_keys(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """DCP's flattened names (``flatten_state_dict``: nested keys joined with dots)."""
-    out: dict[str, Any] = {}
-    if isinstance(tree, dict):
-        for k, v in tree.items():
-            out.update(_flat_keys(v, f"{prefix}{k}."))
-    elif isinstance(tree, list):
-        for i, v in enumerate(tree):
-            out.update(_flat_keys(v, f"{prefix}{i}."))
-    else:
-        out[prefix[:-1]] = tree
-    return out
-
-
-def _digest(tree: dict[str, Any], skip: frozenset[str]) -> int:
-    """Of the plain tensors in a staged tree (not DTensor shards, not ``skip``): 63 bits."""
-    h = xxhash.xxh3_64()
-    for key, value in sorted(_flat_keys(tree).items()):
-        if key in skip or not _plain(value):
-            continue
-        h.update(key.encode())
-        host = value.detach().reshape(-1)
-        if host.numel():
-            h.update(host.view(torch.uint8).numpy().data)
-    return int.from_bytes(h.digest(), "big") >> 1
-
-
-def _plain(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and not isinstance(value, DTensor)
-
-
-def writers(tree: dict[str, Any], world_size: int, rank0: frozenset[str]) -> dict[str, int]:
-    """The rank that writes each plain (replicated) tensor: ``rank0`` ones (module buffers, see
-    ``_SavePlanner``) on rank 0, the rest largest first onto the rank with the fewest bytes so
-    far. The same on every rank: names and sizes of replicated tensors are the same everywhere
-    (the first save checks their contents, names included)."""
-    sizes = {
-        key: value.numel() * value.element_size()
-        for key, value in _flat_keys(tree).items()
-        if _plain(value)
-    }
-    load = [0] * world_size
-    owner: dict[str, int] = {}
-    for key in sorted(sizes, key=lambda k: (k not in rank0, -sizes[k], k)):
-        rank = 0 if key in rank0 else min(range(world_size), key=lambda r: (load[r], r))
-        owner[key] = rank
-        load[rank] += sizes[key]
-    return owner
-
-
-def own_share(tree: Any, keep: Callable[[str], bool], prefix: str = "") -> Any:
-    """``tree`` without the plain tensors ``keep`` rejects (by DCP's flattened name); dicts are
-    copied, tensors and everything else are the same objects. Only dict entries are dropped:
-    dropping a list element would renumber the names after it."""
-    if isinstance(tree, dict):
-        out = {}
-        for key, value in tree.items():
-            name = f"{prefix}{key}"
-            if _plain(value) and not keep(name):
-                continue
-            out[key] = own_share(value, keep, name + ".")
-        return out
-    if isinstance(tree, list):
-        return [own_share(v, keep, f"{prefix}{i}.") for i, v in enumerate(tree)]
-    return tree
-
-
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     inner = getattr(model, "module", None)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) and isinstance(
@@ -317,44 +226,6 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     ):
         return inner
     return model
-
-
-# --- host memory for staging -----------------------------------------------------------------
-CGROUP = Path("/sys/fs/cgroup")
-
-
-def staging_memory_issue(need: int, local_ranks: int, cgroup: Path | None = None) -> str | None:
-    """Why the pod cannot hold this save's host copies, or None. Every rank of the pod stages
-    at once, each about ``need`` bytes, on top of the anonymous memory already in use
-    (``memory.stat`` ``anon``: page cache is reclaimable and does not count). A pod that
-    cannot is OOM-killed (exit 137, retried forever); better a config error that says so."""
-    cgroup = CGROUP if cgroup is None else cgroup
-    try:
-        raw = (cgroup / "memory.max").read_text().strip()
-        stat = (cgroup / "memory.stat").read_text()
-    except OSError:
-        return None  # no cgroup v2 view (not in a container): nothing to check against
-    if raw == "max":
-        return None
-    anon = next((int(line.split()[1]) for line in stat.splitlines() if line.startswith("anon ")), 0)
-    limit, total = int(raw), need * local_ranks
-    if anon + total <= limit:
-        return None
-    gib = 1 << 30
-    return (
-        f"checkpoint staging needs {total / gib:.1f} GiB of host memory ({local_ranks} ranks x "
-        f"{need / gib:.1f} GiB), the pod has {(limit - anon) / gib:.1f} GiB left of its "
-        f"{limit / gib:.1f} GiB limit: raise the job's memory request and limit"
-    )
-
-
-def _nbytes(tree: Any) -> int:
-    total = 0
-    for value in _flat_keys(tree).values():
-        local = value.to_local() if isinstance(value, DTensor) else value
-        if isinstance(local, torch.Tensor):
-            total += local.numel() * local.element_size()
-    return total
 
 
 # --- the manager ----------------------------------------------------------------------------
