@@ -72,9 +72,13 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
+# Two workers on the 2-core machines (pytest-xdist): the runtime's torchrun tests and the rest
+# overlap, ~6 minutes instead of ~9 (docs/testing.md, "CI's time budget"). PYTEST_WORKERS=0
+# runs in one process; a plain `pytest` runs in one too.
+PYTEST_WORKERS ?= 2
 ## the test suite (pytest; e2e scenarios deselected)
 unit: setup scan-tools
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS)
 
 # A fresh venv whenever the constraints change, so nothing of an earlier install lingers; never
 # one over a folder that is not a venv (TRAINSTACK_CHECKOV_HOME set by mistake).
