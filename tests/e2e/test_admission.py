@@ -93,12 +93,12 @@ def _judged(platform: Deployed, job: dict[str, Any], rejecting: set[str]) -> Non
     in no fixed order, so any rejecting rule's policy may be named (a hostPath checkpoint
     volume breaks `checkpoint-volume` and `no-privileged`); the Volcano component's
     queue-ownership policy (builders/admission.queue_ownership_policy) checks the queue like
-    `own-queue`."""
+    `own-queue`, and the job's priority class like `volcano-scheduled` (issue 37)."""
     ok, message = _verdict(platform, job)
     assert ok is (not rejecting), message or f"admitted, but {sorted(rejecting)} reject it"
     if not ok:
         names = {f"{POLICY_PREFIX}{name}" for name in rejecting}
-        names |= {QUEUE_POLICY} if "own-queue" in rejecting else set()
+        names |= {QUEUE_POLICY} if {"own-queue", "volcano-scheduled"} & rejecting else set()
         assert any(f"'{name}'" in message for name in names), message
 
 
