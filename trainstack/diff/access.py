@@ -17,11 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainstack.diff.plans import Change, changed_paths, get, readable, show
+from trainstack.diff.plans import Change, changed_paths, get, limited, readable, show
 
 OPEN_CIDRS = ("0.0.0.0/0", "::/0")
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"
-MAX_FIELD_CHANGES = 25
 IGNORED = ("tags", "tagsAll", "metadata.labels", "metadata.annotations")
 
 
@@ -445,8 +444,7 @@ def access_section(base: dict[str, Any], head: dict[str, Any]) -> list[AccessCha
                 after.grant,
                 resource,
                 flags,
-                [Change(p, b, a) for p, b, a in shown[:MAX_FIELD_CHANGES]],
-                max(0, len(shown) - MAX_FIELD_CHANGES),
+                *limited(shown),
             )
         )
     changes.sort(key=lambda c: (c.kind, c.subject, c.grant, c.change, c.resource))

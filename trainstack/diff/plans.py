@@ -17,6 +17,7 @@ from trainstack.preview.plan import PLAN_VERSION
 
 VOLCANO_JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
 ABSENT = "(absent)"
+MAX_FIELD_CHANGES = 25  # per resource, job or grant in a report; the rest is counted
 
 
 @dataclass(frozen=True)
@@ -221,3 +222,9 @@ def show(value: Any) -> str:
         return value
     text = json.dumps(value, sort_keys=True, separators=(", ", ": "))
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def limited(changes: list[tuple[str, Any, Any]]) -> tuple[list[Change], int]:
+    """The first MAX_FIELD_CHANGES changes, and how many were left out."""
+    kept = [Change(p, b, a) for p, b, a in changes[:MAX_FIELD_CHANGES]]
+    return kept, max(0, len(changes) - MAX_FIELD_CHANGES)

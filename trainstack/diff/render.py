@@ -7,8 +7,8 @@ from collections import Counter
 from typing import Any
 
 from trainstack.diff.access import AccessChange
+from trainstack.diff.model import NOT_PREVIEWED, DiffReport, Entry, ResourceChange, StackDiff
 from trainstack.diff.plans import Change, show
-from trainstack.diff.report import NOT_PREVIEWED, DiffReport, Entry, ResourceChange, StackDiff
 
 MARKER = "<!-- trainstack-plan-diff -->"  # finds the sticky pull-request comment again
 

@@ -20,6 +20,24 @@ DEVICE_RESOURCES = ("nvidia.com/gpu", "vpc.amazonaws.com/efa", "hugepages-2Mi")
 DEVICE_PREFIXES = ("rdma/",)
 
 
+@dataclass(frozen=True)
+class Violation:
+    """One finding of a rule: in the preview's report, a plan's `policy`, and the diff."""
+
+    rule: str
+    resource: str
+    message: str
+    level: str
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "rule": self.rule,
+            "resource": self.resource,
+            "message": self.message,
+            "level": self.level,
+        }
+
+
 _UNITS = {
     "": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
     "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40,

@@ -9,7 +9,6 @@ the same findings.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pulumi_policy import (
@@ -22,7 +21,7 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from trainstack.policy.objects import Config, Rule
+from trainstack.policy.objects import Config, Rule, Violation
 from trainstack.policy.rules import RULES
 from trainstack.policy.stack_rules import STACK_RULES, StackResource, StackRule
 
@@ -111,22 +110,6 @@ def _stack_policy(rule: StackRule) -> StackValidationPolicy:
 
 def crossguard_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
     return [*(_resource_policy(r) for r in RULES), *(_stack_policy(r) for r in STACK_RULES)]
-
-
-@dataclass(frozen=True)
-class Violation:
-    rule: str
-    resource: str
-    message: str
-    level: str
-
-    def to_json(self) -> dict[str, str]:
-        return {
-            "rule": self.rule,
-            "resource": self.resource,
-            "message": self.message,
-            "level": self.level,
-        }
 
 
 def evaluate(
