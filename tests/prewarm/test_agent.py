@@ -336,6 +336,41 @@ def test_a_failed_fill_is_reported_and_the_next_publish_tries_again(
     assert node.agent.fills_started == 2
 
 
+def test_a_publish_checks_marker_and_sizes_without_reading_the_dataset(
+    make_node: Callable[..., Node],
+    s3_server: S3Server,
+    bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 39 #2: every pod start publishes, so a publish that hashed the version would read
+    all of it per pod (a 1 TB version: minutes, past the kubelet's CSI deadline, N times at
+    once for N pods). The fill hashes every byte on the way in before it writes the marker;
+    a publish checks the marker and the sizes, as docs/prewarm.md says."""
+    files = make_files(4, salt="big")
+    upload(s3_server.client(), bucket, "ds/v5", files)
+    node = make_node()
+    node.publish("csi-pod-a", "ds", "v5", f"s3://{bucket}/ds/v5/")  # fills (and hashes) it
+    hashed: list[Path] = []
+    real_hash = cache.hash_file
+
+    def counting(path: Path) -> tuple[int, str]:
+        hashed.append(path)
+        return real_hash(path)
+
+    monkeypatch.setattr(cache, "hash_file", counting)
+    node.publish("csi-pod-b", "ds", "v5", f"s3://{bucket}/ds/v5/")
+    assert hashed == [], "a publish of a complete version reads none of its files"
+    # Sizes are still checked: once no pod holds it, a truncated file is found by the next
+    # publish's fill and fetched again (a repair waits for the holds to end).
+    node.unpublish("csi-pod-a")
+    node.unpublish("csi-pod-b")
+    vdir = node.root / "ds" / "v5"
+    victim = sorted(files)[0]
+    os.truncate(vdir / victim, 10)
+    node.publish("csi-pod-c", "ds", "v5", f"s3://{bucket}/ds/v5/")
+    assert (vdir / victim).read_bytes() == files[victim]
+
+
 # ---- directory sources: a shared file system that other people can write -------------------
 
 SECRET = b"-----BEGIN PRIVATE KEY----- not the dataset's"

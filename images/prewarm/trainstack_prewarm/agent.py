@@ -306,7 +306,9 @@ class CacheAgent:
                         on_wait=lambda: self.log("hold_wait", cache=str(vdir)),
                     )
                 )
-                cache.verify(vdir, dataset=req.dataset, version=req.version)
+                # Marker and sizes: the fill hashed every byte before it wrote the marker, and
+                # a publish per pod start must not read the version (issue 39 #2).
+                cache.verify(vdir, deep=False, dataset=req.dataset, version=req.version)
                 target.mkdir(parents=True, exist_ok=True)
                 self._record(volume_id, target, vdir)
                 self.mounter.bind_read_only(vdir, target)
