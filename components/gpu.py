@@ -94,7 +94,12 @@ class GpuNodePool(pulumi.ComponentResource):
             ]
 
         placement = None
-        if spec.placement_group:
+        if spec.placement_group_name is not None:
+            # The group a reservation was created in: the operator's, not created here.
+            placement = aws.ec2.LaunchTemplatePlacementArgs(
+                group_name=spec.placement_group_name, availability_zone=spec.availability_zone
+            )
+        elif spec.placement_group:
             placement_group = aws.ec2.PlacementGroup(
                 f"{name}-pg",
                 name=b.placement_group_name(cfg.cluster_name, pool),

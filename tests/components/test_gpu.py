@@ -143,6 +143,41 @@ def test_placement_group_zone_and_subnets(run_program: Callable[..., Recorded]) 
     assert nodes.inputs["subnetIds"] == ["subnet-a"]
 
 
+@pytest.mark.parametrize(
+    ("capacity", "placement", "group"),
+    [
+        ({"type": "reservation", "reservationId": "cr-0a1b2c3d4e5f60718"}, {}, None),
+        (
+            {"type": "capacityBlock", "reservationId": "cr-0a1b2c3d4e5f60718"},
+            {},
+            None,
+        ),
+        (
+            {"type": "reservation", "reservationId": "cr-0a1b2c3d4e5f60718"},
+            {"placementGroup": "odcr-group"},
+            "odcr-group",
+        ),
+    ],
+    ids=["reservation", "capacity-block", "reservation-in-its-group"],
+)
+def test_reserved_pools_launch_outside_a_new_placement_group(
+    run_program: Callable[..., Recorded],
+    capacity: dict[str, Any],
+    placement: dict[str, Any],
+    group: str | None,
+) -> None:
+    """Issue 39 #7: a placement group the reservation is not in can refuse launches the
+    reservation has room for; a block is placed together by EC2. No group is created; a
+    reservation's own group is used by name."""
+    rec = run_pool(run_program, platform([efa_pool("p5.48xlarge", capacity=capacity, **placement)]))
+    assert rec.of_type("aws:ec2/placementGroup:PlacementGroup") == []
+    template = rec.one("aws:ec2/launchTemplate:LaunchTemplate", "pool-lt")
+    expected = {"groupName": group, "availabilityZone": "us-east-1a"} if group else None
+    assert template.inputs.get("placement") == expected
+    labels = rec.one("aws:eks/nodeGroup:NodeGroup", "pool-nodes").inputs["labels"]
+    assert labels.get("trainstack.io/placement-group") == group
+
+
 def test_node_group_labels_taint_ami_and_hardening(run_program: Callable[..., Recorded]) -> None:
     rec = run_pool(run_program, platform([efa_pool("p5en.48xlarge")]))
     nodes = rec.one("aws:eks/nodeGroup:NodeGroup", "pool-nodes")

@@ -100,7 +100,12 @@ RETENTION_DAYS = (
     "2922, 3288, 3653"
 )
 
+
 # (changes to base(), every message the preview reports), grouped as docs/aws.md groups them.
+def _block_window() -> dict[str, str]:
+    return {"start": "2030-01-01T11:30:00Z", "end": "2030-01-15T11:30:00Z"}
+
+
 REFUSED = [
     # -- network
     pytest.param(
@@ -453,6 +458,47 @@ REFUSED = [
         ],
         id="addons-pinned-but-not-the-fsx-csi-driver",
     ),
+    # -- placement groups on reserved capacity (issue 39 #7)
+    pytest.param(
+        {
+            "gpuPools.0.capacity": {
+                "type": "capacityBlock",
+                "reservationId": RESERVATION_ID,
+                "window": _block_window(),
+            },
+            "gpuPools.0.size": {"min": 0, "max": 2},
+            "gpuPools.0.placementGroup": True,
+        },
+        [
+            f"{P}gpuPools[0].placementGroup: True: a capacity block places its instances "
+            "together itself, and a placement group can refuse launches the block has room "
+            "for; remove it"
+        ],
+        id="capacity-block-in-a-placement-group",
+    ),
+    pytest.param(
+        {
+            "gpuPools.0.capacity": {"type": "reservation", "reservationId": RESERVATION_ID},
+            "gpuPools.0.placementGroup": True,
+        },
+        [
+            f"{P}gpuPools[0].placementGroup: true creates a new placement group, which no "
+            "reservation is in, so launches can fail while the reservation has room; name the "
+            "cluster placement group the reservation was created in, or remove it"
+        ],
+        id="reservation-in-a-new-placement-group",
+    ),
+    pytest.param(
+        {"gpuPools.0.placementGroup": "has space"},
+        [
+            f"{P}gpuPools[0].placementGroup: 'has space' does not match the expected format "
+            "^[!-~]+$ (aws: true: a new cluster placement group for the pool; a name: an "
+            "existing one (the group a capacity reservation was created in); false: none. "
+            "Default: on for EFA pools bought on demand or spot, off on reservations and "
+            "capacity blocks.)"
+        ],
+        id="placement-group-name-format",
+    ),
     pytest.param(
         {"storage": {"efs": {"throughputMode": "provisioned"}}},
         [f"{P}storage.efs.throughputMode: 'provisioned' is not one of elastic, bursting"],
@@ -464,10 +510,6 @@ REFUSED = [
 @pytest.mark.parametrize(("changes", "expected"), REFUSED)
 def test_aws_refuses(changes: dict[str, Any], expected: list[str]) -> None:
     assert messages(with_changes(changes)) == sorted(expected)
-
-
-def _block_window() -> dict[str, str]:
-    return {"start": "2030-01-01T11:30:00Z", "end": "2030-01-15T11:30:00Z"}
 
 
 # (changes to base(), what the model reads back, its value): the accepted side of each rule.
@@ -566,6 +608,27 @@ ACCEPTED: list[Any] = [
         lambda c: c.gpu_pools[0].aws.capacity.reservation_id,
         RESERVATION_ID,
         id="reservation-by-id",
+    ),
+    pytest.param(
+        {"gpuPools.0.capacity": {"type": "reservation", "reservationId": RESERVATION_ID}},
+        lambda c: (c.gpu_pools[0].aws.placement_group, c.gpu_pools[0].aws.placement_group_name),
+        (False, None),
+        id="efa-reservation-without-a-placement-group-by-default",
+    ),
+    pytest.param(
+        {
+            "gpuPools.0.capacity": {"type": "reservation", "reservationId": RESERVATION_ID},
+            "gpuPools.0.placementGroup": "odcr-group",
+        },
+        lambda c: (c.gpu_pools[0].aws.placement_group, c.gpu_pools[0].aws.placement_group_name),
+        (True, "odcr-group"),
+        id="reservation-in-the-placement-group-it-was-created-in",
+    ),
+    pytest.param(
+        {},
+        lambda c: (c.gpu_pools[0].aws.placement_group, c.gpu_pools[0].aws.placement_group_name),
+        (True, None),
+        id="efa-on-demand-pool-gets-a-new-placement-group",
     ),
     pytest.param(
         {"gpuPools.0.capacity": {"type": "reservation", "reservationGroupArn": GROUP_ARN}},

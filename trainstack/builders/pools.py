@@ -116,6 +116,10 @@ def fabric_profile(pool: GpuPool) -> FabricProfile:
 
 
 def placement_group_name(cluster_name: str, pool: GpuPool) -> str:
+    """The pool's cluster placement group: the existing one it names, else the one trainstack
+    creates for it."""
+    if pool.aws is not None and pool.aws.placement_group_name is not None:
+        return pool.aws.placement_group_name
     return f"{cluster_name}-{pool.name}"
 
 

@@ -439,9 +439,14 @@ def hypernodes(cfg: PlatformConfig) -> list[dict[str, Any]]:
     zones: dict[str, list[str]] = {}
     for pool in cfg.gpu_pools:
         if pool.aws is not None:
-            if not pool.aws.placement_group:
-                continue  # no topology guarantee inside a pool that spans zones
-            match = {PLACEMENT_GROUP: placement_group_name(cfg.cluster_name, pool)}
+            if pool.aws.placement_group:
+                match = {PLACEMENT_GROUP: placement_group_name(cfg.cluster_name, pool)}
+            elif pool.aws.capacity.type == "capacityBlock":
+                # EC2 places a block's instances together (in an UltraCluster) without a
+                # placement group (EC2 user guide, ec2-capacity-blocks; issue 39 #7).
+                match = {labels.POOL: pool.name}
+            else:
+                continue  # no placement guarantee among the pool's nodes
             zones.setdefault(str(pool.aws.availability_zone), []).append(pool.name)
         else:
             assert pool.existing is not None

@@ -176,9 +176,12 @@ class AwsPool:
     availability_zone: str | None
     size: NodeGroupSize
     capacity: Capacity
-    placement_group: bool
+    placement_group: bool  # the pool's instances launch in a cluster placement group
     instance_store_raid0: bool
     disk_size_gib: int
+    # An existing placement group's name (the one a reservation was created in); None with
+    # placement_group: trainstack creates `<cluster>-<pool>`.
+    placement_group_name: str | None = None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from trainstack.config.interfaces import pod_interfaces, socket_ifname_matches
 
 AWS_FABRICS = ("efa", "tcp")
 EXISTING_FABRICS = ("infiniband", "roce", "tcp")
+RESERVED_CAPACITY = ("reservation", "capacityBlock")
 AWS_ONLY = (
     "instanceType",
     "availabilityZone",
@@ -121,17 +122,16 @@ def _aws_pool(pool: Mapping[str, Any], path: str, zones: set[str] | None) -> lis
             )
         )
     zone = pool.get("availabilityZone")
-    placement = pool.get("placementGroup", fabric == "efa")
     capacity = pool.get("capacity")
-    reserved = isinstance(capacity, Mapping) and capacity.get("type") in (
-        "reservation",
-        "capacityBlock",
-    )
+    kind = capacity.get("type") if isinstance(capacity, Mapping) else None
+    reserved = kind in RESERVED_CAPACITY
+    placement = pool.get("placementGroup", default_placement_group(fabric, kind))
+    issues += _placement_checks(placement, kind, join_path(path, "placementGroup"))
     # A reservation or block holds instances in one zone; a node group given every zone's
     # subnets launches outside it ("only specify the subnet in the same Availability Zone as
     # the capacity reservation", EKS user guide, capacity-blocks-mng).
     choices = f" (one of {', '.join(sorted(zones))})" if zones else ""
-    if zone is None and (fabric == "efa" or placement is True):
+    if zone is None and (fabric == "efa" or bool(placement)):
         why = "EFA pools" if fabric == "efa" else "pools with a placement group"
         issues.append(
             ConfigIssue(
@@ -168,6 +168,42 @@ def _aws_pool(pool: Mapping[str, Any], path: str, zones: set[str] | None) -> lis
     issues += _size_checks(pool.get("size"), join_path(path, "size"))
     issues += _capacity_checks(pool.get("capacity"), join_path(path, "capacity"), pool.get("size"))
     return issues
+
+
+def default_placement_group(fabric: object, capacity_type: object) -> bool:
+    """A new cluster placement group for EFA pools bought on demand or spot; none on a
+    reservation or capacity block, whose instances launch where the capacity was reserved
+    (a group it was not created in can refuse launches the reservation has room for)."""
+    return fabric == "efa" and capacity_type not in RESERVED_CAPACITY
+
+
+def _placement_checks(placement: object, kind: object, path: str) -> list[ConfigIssue]:
+    """Issue 39 #7. EC2 places a Capacity Block's instances together itself, and a placement
+    constraint can fail launches the block has room for (EC2 user guide, ec2-capacity-blocks;
+    aws-parallelcluster ec2_validators.py PlacementGroupCapacityTypeValidator). A capacity
+    reservation serves a cluster placement group only if it was created in that group, and
+    one cannot be moved into a group later (EC2 user guide, cr-cpg): a group trainstack
+    creates holds no reservation, so only the reservation's own group can be named."""
+    if placement is False or placement is None:
+        return []
+    if kind == "capacityBlock":
+        return [
+            ConfigIssue(
+                path,
+                f"{placement!r}: a capacity block places its instances together itself, and a "
+                "placement group can refuse launches the block has room for; remove it",
+            )
+        ]
+    if kind == "reservation" and placement is True:
+        return [
+            ConfigIssue(
+                path,
+                "true creates a new placement group, which no reservation is in, so launches "
+                "can fail while the reservation has room; name the cluster placement group "
+                "the reservation was created in, or remove it",
+            )
+        ]
+    return []
 
 
 def _size_checks(size: object, path: str) -> list[ConfigIssue]:
@@ -332,6 +368,9 @@ def build_pools(doc: Mapping[str, Any]) -> tuple[m.GpuPool, ...]:
             size = raw["size"]
             capacity = raw["capacity"]
             store = raw.get("instanceStore", "raid0" if instance.has_instance_store else "none")
+            placement = raw.get(
+                "placementGroup", default_placement_group(raw["fabric"], raw["capacity"]["type"])
+            )
             aws_pool = m.AwsPool(
                 instance_type=instance.name,
                 availability_zone=raw.get("availabilityZone"),
@@ -345,7 +384,8 @@ def build_pools(doc: Mapping[str, Any]) -> tuple[m.GpuPool, ...]:
                     instance_count=capacity.get("instanceCount"),
                     window=_window(capacity.get("window")),
                 ),
-                placement_group=raw.get("placementGroup", raw["fabric"] == "efa"),
+                placement_group=placement is not False,
+                placement_group_name=placement if isinstance(placement, str) else None,
                 instance_store_raid0=store == "raid0",
                 disk_size_gib=raw["diskSizeGiB"],
             )
