@@ -30,6 +30,9 @@ POOLS = [
             "reservationId": "cr-0a1b2c3d4e5f60718",
             "instanceCount": 2,
         },
+        # the reservation's own cluster placement group (a new one cannot hold reserved
+        # capacity: issue 39 #7)
+        "placementGroup": "odcr-h100",
     },
     {
         "name": "h200",
@@ -270,9 +273,7 @@ def test_hypernodes_follow_placement_groups_and_zones() -> None:
     member = nodes["pool-h100"]["members"][0]
     assert member == {
         "type": "Node",
-        "selector": {
-            "labelMatch": {"matchLabels": {"trainstack.io/placement-group": "trainstack-t-h100"}}
-        },
+        "selector": {"labelMatch": {"matchLabels": {"trainstack.io/placement-group": "odcr-h100"}}},
     }
     assert nodes["zone-us-east-1a"]["tier"] == 2
     assert nodes["zone-us-east-1a"]["members"] == [
@@ -487,7 +488,7 @@ def test_hypernodes_have_a_pool_tier_and_a_zone_tier() -> None:
         (
             config([team("a", 0, ["h100"])]),
             "h100",
-            {"trainstack.io/placement-group": "trainstack-t-h100"},
+            {"trainstack.io/placement-group": "odcr-h100"},
             "zone-us-east-1a",
         ),
         (
@@ -660,6 +661,34 @@ def test_only_pools_in_a_placement_group_get_a_hypernode_in_any_order() -> None:
         n["metadata"]["name"] for n in s.hypernodes(config([team("a", 0, ["h100"])], pools=pools))
     }
     assert names == {"pool-h100", "pool-h200", "zone-us-east-1a", "zone-us-east-1b"}
+
+
+def test_reserved_capacity_gets_a_pool_hypernode_only_where_ec2_keeps_it_together() -> None:
+    """A reservation without a named placement group has no placement guarantee, so no
+    tier-1 HyperNode; a Capacity Block is placed together by EC2 without a group, so its
+    HyperNode selects the pool's nodes by their pool label (issue 39 #7)."""
+    reserved = {**POOLS[0]}
+    del reserved["placementGroup"]
+    block = {
+        **POOLS[0],
+        "name": "block",
+        "capacity": {"type": "capacityBlock", "reservationId": "cr-0123456789abcdef0"},
+    }
+    del block["placementGroup"]
+    nodes = {
+        n["metadata"]["name"]: n["spec"]
+        for n in s.hypernodes(config([team("a", 0, ["h200"])], pools=[reserved, block, POOLS[1]]))
+    }
+    assert "pool-h100" not in nodes
+    assert nodes["pool-block"]["members"] == [
+        {
+            "type": "Node",
+            "selector": {"labelMatch": {"matchLabels": {"trainstack.io/pool": "block"}}},
+        }
+    ]
+    assert nodes["zone-us-east-1a"]["members"] == [
+        {"type": "HyperNode", "selector": {"exactMatch": {"name": "pool-block"}}}
+    ]
 
 
 def test_a_group_without_teams_has_no_queue_and_the_next_group_has_its_own() -> None:
