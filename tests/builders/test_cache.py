@@ -14,6 +14,7 @@ from trainstack_prewarm.cli import build_parser
 from trainstack_prewarm.csi import DRIVER_NAME
 
 from trainstack.builders import cache
+from trainstack.builders import pools as pool_builders
 from trainstack.builders.platform import system_namespace
 from trainstack.builders.storage import cache_sources
 from trainstack.config import ConfigError, PlatformConfig, load_stack_file
@@ -143,7 +144,34 @@ def test_the_agents_ceiling_is_its_share_of_the_fleet_budget(stack: str, nodes: 
         }
         assert selectors == {p.existing.node_selector for p in cfg.gpu_pools if p.existing}
     else:
-        assert pod["nodeSelector"] == {cache.GPU_PRESENT_LABEL: "true"}
+        assert pod["nodeSelector"] == {cache.CACHE_NODE_LABEL: "true"}
+
+
+def test_the_agent_runs_only_where_the_cache_directory_is(tmp_path: Path) -> None:
+    """Issue 39 #9: only pools with an instance-store array get the cache directory (the
+    node's user data makes it there), and the agent's hostPath is type Directory, so an agent
+    on any other GPU node never starts and its rollout never completes. The agent selects a
+    label only cache pools carry; the fleet's request-rate budget is shared among them."""
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.dev.yaml").read_text())
+    pools = doc["config"]["trainstack:platform"]["gpuPools"]
+    pools.append({**pools[0], "name": "no-array", "instanceStore": "none", "size": {"max": 5}})
+    path = tmp_path / "Pulumi.dev.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    cfg = load_stack_file(path)
+    assert isinstance(cfg, PlatformConfig)
+    with_array, without = cfg.gpu_pools
+    assert pool_builders.node_labels(cfg, with_array)[cache.CACHE_NODE_LABEL] == "true"
+    assert cache.CACHE_NODE_LABEL not in pool_builders.node_labels(cfg, without)
+    pod = cache.daemonset(cfg)["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {cache.CACHE_NODE_LABEL: "true"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["cache"]["hostPath"]["type"] == "Directory"
+    assert cache.cache_nodes(cfg) == 2  # the array pool's 2 nodes, not the other's 5
+    outputs = {p["name"]: p for p in (pool_builders.pool_output(cfg, x) for x in cfg.gpu_pools)}
+    assert (outputs["l40s-dev"]["datasetCache"], outputs["no-array"]["datasetCache"]) == (
+        True,
+        False,
+    )
 
 
 def _onprem_with_sources(tmp_path: Path, sources: list[str]) -> Path:

@@ -96,3 +96,21 @@ def test_the_job_layer_and_the_agent_agree_on_what_is_under_a_source(
     if source_under(source, prefix):  # and inside it once resolved, component by component
         resolved, root = posixpath.normpath(source), posixpath.normpath(prefix)
         assert resolved == root or resolved.startswith(root + "/")
+
+
+def test_a_cached_job_on_a_pool_without_the_cache_is_refused(
+    example_plans: dict[str, Plan],
+) -> None:
+    """Issue 39 #9: the cache agent runs only on pools with an instance-store array; a cached
+    job on another pool would wait forever for a publish no agent answers."""
+    outputs = dict(example_plans["dev"].outputs)
+    pools = [dict(p) for p in outputs[out.GPU_POOLS]]
+    assert [p["datasetCache"] for p in pools] == [True]
+    pools[0]["datasetCache"] = False
+    outputs[out.GPU_POOLS] = pools
+    view = PlatformView(outputs)
+    pool = pools[0]["name"]
+    assert issues_of(cache_job("s3://acme-datasets/imagenet/v1/"), view) == [
+        f"job.spec.data.source: pool {pool} has no dataset cache (no instance-store array on "
+        "its nodes); use source: lustre, or a pool with one: none"
+    ]

@@ -21,7 +21,12 @@ from fractions import Fraction
 from typing import Any, Final
 
 from trainstack.builders import labels, netpol, scanner
-from trainstack.builders.pools import GPU_PRESENT_LABEL, GPU_TOLERATION, max_nodes
+from trainstack.builders.pools import (
+    CACHE_NODE_LABEL,
+    GPU_TOLERATION,
+    has_dataset_cache,
+    max_nodes,
+)
 from trainstack.builders.storage import CACHE_DRIVER, cache_sources, s3_read_statements
 from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig
 
@@ -112,10 +117,10 @@ def node_request_rate(budget: float, nodes: int) -> float:
 
 def cache_nodes(cfg: PlatformConfig) -> int:
     """The most nodes the agent's DaemonSet can run on at once: the sum of the maximum sizes of
-    the GPU pools it selects (every pool: aws selects GPU_PRESENT_LABEL, which every pool's
-    nodes carry; existing selects each pool's nodeSelector). A node in two existing pools is
+    the GPU pools it selects (aws: the pools with an instance-store array, whose nodes carry
+    CACHE_NODE_LABEL; existing: each pool's nodeSelector). A node in two existing pools is
     counted twice, which only lowers each node's share."""
-    return sum(max_nodes(pool) for pool in cfg.gpu_pools)
+    return sum(max_nodes(pool) for pool in cfg.gpu_pools if has_dataset_cache(cfg, pool))
 
 
 def max_request_rate(cfg: PlatformConfig) -> float:
@@ -327,7 +332,9 @@ def daemonset(cfg: PlatformConfig) -> dict[str, Any]:
         ],
     }
     if cfg.cloud == "aws":
-        pod["nodeSelector"] = {GPU_PRESENT_LABEL: "true"}
+        # Only nodes with the cache directory: elsewhere the hostPath (type Directory) keeps
+        # the agent from starting, the rollout never completes and a cached job waits forever.
+        pod["nodeSelector"] = {CACHE_NODE_LABEL: "true"}
     else:
         # Only the pools' nodes, so that cache_nodes() bounds the agents and their budget.
         terms = [

@@ -37,6 +37,9 @@ NFD_WORKER_TOLERATIONS = (
 )
 GPU_MODEL = f"{labels.PREFIX}/gpu-model"
 PLACEMENT_GROUP = f"{labels.PREFIX}/placement-group"
+# Nodes where the dataset cache agent runs: its directory is on the instance-store array, so
+# an AWS pool without one has no cache (issue 39 #9).
+CACHE_NODE_LABEL = f"{labels.PREFIX}/dataset-cache"
 CAPACITY = f"{labels.PREFIX}/capacity"
 INSTANCE_STORE_MOUNT = "/mnt/k8s-disks/0"  # where nodeadm mounts the RAID0 array
 # The NVMe cache's own directory on the array, the cache agent's (see cache_setup_script).
@@ -123,6 +126,15 @@ def placement_group_name(cluster_name: str, pool: GpuPool) -> str:
     return f"{cluster_name}-{pool.name}"
 
 
+def has_dataset_cache(cfg: PlatformConfig, pool: GpuPool) -> bool:
+    """Does the cache agent run on this pool's nodes? AWS: pools whose instance store is
+    striped into the array that holds the cache directory; existing pools: the operator
+    provides the directory on every pool's nodes (storage.nvmeCache.hostDir)."""
+    if cfg.storage.nvme_cache is None:
+        return False
+    return pool.aws is None or pool.aws.instance_store_raid0
+
+
 def node_labels(cfg: PlatformConfig, pool: GpuPool) -> dict[str, str]:
     """Labels every node of an AWS pool carries (set by the managed node group)."""
     assert pool.aws is not None
@@ -136,6 +148,8 @@ def node_labels(cfg: PlatformConfig, pool: GpuPool) -> dict[str, str]:
     }
     if pool.aws.placement_group:
         result[PLACEMENT_GROUP] = placement_group_name(cfg.cluster_name, pool)
+    if has_dataset_cache(cfg, pool):
+        result[CACHE_NODE_LABEL] = "true"
     return result
 
 
@@ -445,6 +459,7 @@ def pool_output(cfg: PlatformConfig, pool: GpuPool) -> dict[str, Any]:
         "nodeSelector": pool_selector(cfg, pool),
         "taint": GPU_TAINT if pool.aws is not None else None,
         "profile": fabric_profile(pool).to_json(),
+        "datasetCache": has_dataset_cache(cfg, pool),
     }
     if pool.aws is not None:
         instance = instance_of(pool)

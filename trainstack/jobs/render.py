@@ -207,6 +207,17 @@ def _storage_issues(spec: JobSpec, view: PlatformView) -> list[ConfigIssue]:
             )
         )
         return issues
+    pool = view.pool(spec.pool)
+    if pool is not None and pool.get("datasetCache") is False:
+        cached = [name for name in view.pool_names() if (view.pool(name) or {}).get("datasetCache")]
+        issues.append(
+            ConfigIssue(
+                "job.spec.data.source",
+                f"pool {spec.pool} has no dataset cache (no instance-store array on its "
+                f"nodes); use source: lustre, or a pool with one: {', '.join(cached) or 'none'}",
+            )
+        )
+        return issues
     if spec.data.cache_from is None and view.dataset_repository() is None:
         issues.append(
             ConfigIssue(
