@@ -62,6 +62,65 @@ def test_the_agents_arguments_are_ones_its_cli_accepts(stack: str) -> None:
     assert args.allow_source == cache_sources(cfg)
 
 
+@pytest.mark.parametrize(
+    "kubelet", ["/var/lib/k0s/kubelet", "/var/snap/microk8s/common/var/lib/kubelet"]
+)
+def test_the_agent_follows_a_kubelet_that_lives_elsewhere(tmp_path: Path, kubelet: str) -> None:
+    """Also check of issue 39: the kubelet names publish targets by host path under its
+    --root-dir and watches plugins_registry there; with /var/lib/kubelet fixed, the agent on
+    k0s or MicroK8s never registered (registration hostPath type Directory: it did not even
+    start) and its bind mounts would land outside the pods' volumes."""
+    default = cache.daemonset(platform("onprem"))["spec"]["template"]["spec"]
+    assert {v["name"]: v["hostPath"]["path"] for v in default["volumes"]}["pods"] == (
+        "/var/lib/kubelet/pods"
+    )
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.onprem.yaml").read_text())
+    doc["config"]["trainstack:platform"]["storage"]["nvmeCache"]["kubeletDir"] = kubelet
+    path = tmp_path / "Pulumi.onprem.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    cfg = load_stack_file(path)
+    assert isinstance(cfg, PlatformConfig)
+    pod = cache.daemonset(cfg)["spec"]["template"]["spec"]
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    assert volumes["pods"] == f"{kubelet}/pods"
+    assert volumes["registration"] == f"{kubelet}/plugins_registry"
+    assert volumes["plugin"] == f"{kubelet}/plugins/{cache.DRIVER}"
+    agent, registrar = pod["containers"]
+    pods = next(m for m in agent["volumeMounts"] if m["name"] == "pods")
+    assert pods["mountPath"] == volumes["pods"]  # targets arrive as host paths
+    assert (
+        f"--kubelet-registration-path={kubelet}/plugins/{cache.DRIVER}/csi.sock"
+        in (registrar["args"])
+    )
+
+
+@pytest.mark.parametrize("bad", ["var/lib/kubelet", "/var/lib/kubelet/", "/", "/a b"])
+def test_a_kubelet_dir_that_is_not_an_absolute_path_is_refused(tmp_path: Path, bad: str) -> None:
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.onprem.yaml").read_text())
+    doc["config"]["trainstack:platform"]["storage"]["nvmeCache"]["kubeletDir"] = bad
+    path = tmp_path / "Pulumi.onprem.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError) as info:
+        load_stack_file(path)
+    assert "storage.nvmeCache.kubeletDir" in str(info.value)
+
+
+def test_the_agent_keeps_the_configured_share_of_its_volume_free(tmp_path: Path) -> None:
+    """issue 39 #1: the cache shares the instance-store array with the kubelet and containerd;
+    the reserve (default 20 %, above the kubelet's nodefs 10 % / imagefs 15 % hard eviction)
+    reaches the agent as the CLI's --reserve, and a stack's own value replaces it."""
+    args = build_parser().parse_args(cache.agent_args(platform("dev")))
+    assert args.reserve == 20.0
+    assert not args.no_evict
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.onprem.yaml").read_text())
+    doc["config"]["trainstack:platform"]["storage"]["nvmeCache"]["reservePercent"] = 35
+    path = tmp_path / "Pulumi.onprem.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    cfg = load_stack_file(path)
+    assert isinstance(cfg, PlatformConfig)
+    assert build_parser().parse_args(cache.agent_args(cfg)).reserve == 35.0
+
+
 @pytest.mark.parametrize("stack", ["dev", "onprem"])
 def test_a_hung_agent_is_restarted_by_a_liveness_probe_of_its_csi_server(stack: str) -> None:
     agent = cache.daemonset(platform(stack))["spec"]["template"]["spec"]["containers"][0]

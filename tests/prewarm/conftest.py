@@ -400,3 +400,11 @@ def unshare_works() -> bool:
         return False
     probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False)
     return probe.returncode == 0
+
+
+@pytest.fixture(autouse=True)
+def _no_cache_reserve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI keeps 20 % of the cache's volume free by default (issue 39 #1), measured on
+    the real disk: these tests must not pass or fail with how full the machine's disk is.
+    The reserve's own tests (test_evict.py) give a fake volume and --reserve explicitly."""
+    monkeypatch.setenv("TRAINSTACK_CACHE_RESERVE", "0")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -269,6 +270,33 @@ def test_two_pods_on_one_node_share_one_fetch_and_hold_it_against_an_evictor(
     assert node.mounter.mounted == {}
     assert not target_a.exists()  # the plugin removes the target it published
     assert cache.evict(node.root, high_water=0) == [vdir]
+
+
+def test_a_publish_answers_within_the_kubelets_deadline_while_a_repair_holds_the_version(
+    make_node: Callable[..., Node], s3_server: S3Server, bucket: str
+) -> None:
+    """Also check of issue 39: after its fill, a publish took the version's hold with the
+    agent's own timeout (60 s), past the kubelet's deadline, and mounted once a repair let
+    go: a mount the kubelet, whose call had failed, did not know of. Now the hold waits only
+    for what is left of the call's budget, the answer is ABORTED in time, nothing is mounted,
+    and the kubelet's retry after the repair mounts it."""
+    upload(s3_server.client(), bucket, "ds/v1", make_files(2))
+    source = f"s3://{bucket}/ds/v1/"
+    node = make_node()
+    node.publish("csi-pod-a", "ds", "v1", source)  # filled and mounted once
+    node.unpublish("csi-pod-a")
+    vdir = node.root / "ds" / "v1"
+    with cache.hold(vdir, shared=False):  # a repair (or an eviction) has it
+        began = time.monotonic()
+        with pytest.raises(grpc.RpcError) as held:
+            node.publish("csi-pod-b", "ds", "v1", source, timeout=7)  # 2 s of budget
+        assert held.value.code() == grpc.StatusCode.ABORTED, held.value.details()
+        assert time.monotonic() - began < 7  # answered, not timed out
+        time.sleep(1)
+        assert node.mounter.mounted == {}
+        assert node.agent.published() == {}
+    target = node.publish("csi-pod-b", "ds", "v1", source)  # the kubelet's retry
+    assert node.mounter.mounted == {target: vdir}
 
 
 def test_a_restarted_agent_retakes_the_holds_of_mounted_volumes(

@@ -33,9 +33,19 @@ from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig
 # = trainstack_prewarm.csi.DRIVER_NAME (tests/builders/test_cache.py holds them equal).
 DRIVER: Final = CACHE_DRIVER
 NAME: Final = "trainstack-cache-agent"
-KUBELET_DIR: Final = "/var/lib/kubelet"
-PLUGIN_DIR: Final = f"{KUBELET_DIR}/plugins/{DRIVER}"
-REGISTRATION_DIR: Final = f"{KUBELET_DIR}/plugins_registry"
+# The kubelet's --root-dir is storage.nvmeCache.kubeletDir (default /var/lib/kubelet): there
+# is no API that tells a CSI driver where it is (kubernetes/kubernetes#92664), and k0s
+# (/var/lib/k0s/kubelet, docs.k0sproject.io "k0s directories") and MicroK8s differ.
+
+
+def plugin_dir(kubelet_dir: str) -> str:
+    return f"{kubelet_dir}/plugins/{DRIVER}"
+
+
+def registration_dir(kubelet_dir: str) -> str:
+    return f"{kubelet_dir}/plugins_registry"
+
+
 SOCKET: Final = "csi.sock"
 CACHE_ROOT: Final = "/cache"  # the node's cache directory inside the agent
 START_JITTER_S: Final = 10  # spreads the first requests of a fleet's nodes (issue 24 #2)
@@ -218,6 +228,7 @@ def agent_args(cfg: PlatformConfig) -> list[str]:
         "--concurrency", str(cache.max_concurrent_fetches),
         "--max-request-rate", repr(max_request_rate(cfg)),
         "--start-jitter", str(START_JITTER_S),
+        "--reserve", f"{cache.reserve_percent:g}",
     ]  # fmt: skip
     for source in cache_sources(cfg):
         args += ["--allow-source", source]
@@ -245,6 +256,7 @@ def directory_sources(cfg: PlatformConfig) -> list[str]:
 def daemonset(cfg: PlatformConfig) -> dict[str, Any]:
     cache = cfg.storage.nvme_cache
     assert cache is not None
+    kubelet = cache.kubelet_dir
     # Each directory source, read-only at its own path (the agent fetches the path a job
     # names). type Directory: where the node lacks it (the file system is not mounted) the
     # agent does not start, rather than fill from an empty directory made on the root volume.
@@ -279,7 +291,8 @@ def daemonset(cfg: PlatformConfig) -> dict[str, Any]:
             {"name": "plugin", "mountPath": "/csi"},
             {
                 "name": "pods",
-                "mountPath": f"{KUBELET_DIR}/pods",
+                # The same path as on the host: the kubelet names targets by host path.
+                "mountPath": f"{kubelet}/pods",
                 "mountPropagation": "Bidirectional",
             },
             *({"name": name, "mountPath": path, "readOnly": True} for name, path in sources),
@@ -290,7 +303,7 @@ def daemonset(cfg: PlatformConfig) -> dict[str, Any]:
         "image": cache.registrar_image,  # storage.nvmeCache.registrarImage
         "args": [
             f"--csi-address=/csi/{SOCKET}",
-            f"--kubelet-registration-path={PLUGIN_DIR}/{SOCKET}",
+            f"--kubelet-registration-path={plugin_dir(kubelet)}/{SOCKET}",
             f"--http-endpoint=:{REGISTRAR_HEALTH_PORT}",
         ],
         "ports": [{"name": "healthz", "containerPort": REGISTRAR_HEALTH_PORT}],
@@ -325,9 +338,9 @@ def daemonset(cfg: PlatformConfig) -> dict[str, Any]:
             # The cache directory must exist (aws: the node's user data makes it on the
             # instance-store array); never created on the root volume.
             _host("cache", cache.host_dir, "Directory"),
-            _host("plugin", PLUGIN_DIR, "DirectoryOrCreate"),
-            _host("registration", REGISTRATION_DIR, "Directory"),
-            _host("pods", f"{KUBELET_DIR}/pods", "Directory"),
+            _host("plugin", plugin_dir(kubelet), "DirectoryOrCreate"),
+            _host("registration", registration_dir(kubelet), "Directory"),
+            _host("pods", f"{kubelet}/pods", "Directory"),
             *(_host(name, path, "Directory") for name, path in sources),
         ],
     }

@@ -260,6 +260,10 @@ class NvmeCache:
     # Requests/s all agents together may send to one source; each agent's ceiling is its share
     # (trainstack.builders.cache.node_request_rate). Default: half of S3's 5,500 GET/s/prefix.
     request_rate_budget: float = 2750.0
+    # Share of the cache volume the agent keeps free (issue 39 #1; the schema says why 20).
+    reserve_percent: float = 20.0
+    # The kubelet's --root-dir: where the agent registers and publishes (also check of issue 39).
+    kubelet_dir: str = "/var/lib/kubelet"
 
 
 @dataclass(frozen=True)

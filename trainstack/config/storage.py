@@ -398,6 +398,8 @@ def build_storage(
             agent_image=raw["agentImage"],
             registrar_image=raw["registrarImage"],
             request_rate_budget=float(raw["requestRateBudget"]),
+            reserve_percent=float(raw["reservePercent"]),
+            kubelet_dir=raw["kubeletDir"],
         )
     checkpoints = storage["checkpoints"]
     bucket = None

@@ -214,6 +214,7 @@ class CacheAgent:
         log: JsonLog | None = None,
         fill_workers: int = 4,
         hold_timeout_s: float = 60.0,
+        reserve_percent: float | None = None,
     ) -> None:
         self.cache_root = cache_root
         self._fill_fn = fill
@@ -228,6 +229,10 @@ class CacheAgent:
         self._busy: set[str] = set()  # volume ids with a publish/unpublish under way
         self._state = cache_root / AGENT_DIR / VOLUMES_DIR
         self.fills_started = 0
+        # None: never evict on the agent's own account (`--no-evict`).
+        self.reserve_percent = reserve_percent
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
 
     # ---- fills: one per version, shared by every publisher --------------------------------
 
@@ -289,6 +294,7 @@ class CacheAgent:
                 if known.target != target or known.vdir != self._vdir(req):
                     raise UsageError(f"volume {volume_id} is published elsewhere or differently")
                 return known.vdir  # idempotent
+            began = time.monotonic()
             fut = self.ensure(req)
             try:
                 fut.result(timeout=max(wait_s, 0.0))
@@ -297,12 +303,17 @@ class CacheAgent:
                     f"{req.dataset}/{req.version}: still being fetched onto this node"
                 ) from None
             vdir = self._vdir(req)
+            # The hold waits only for what is left of this call's budget: a repair or an
+            # eviction can hold the version for minutes, and a mount made after the kubelet
+            # gave up on the call is one it does not know of (the call's answer, LOCK_TIMEOUT,
+            # is ABORTED: the kubelet retries). Also check of issue 39.
+            hold_s = min(self.hold_timeout_s, max(wait_s - (time.monotonic() - began), 0.0))
             stack = contextlib.ExitStack()
             try:
                 stack.enter_context(
                     cache.hold(
                         vdir,
-                        timeout_s=self.hold_timeout_s,
+                        timeout_s=hold_s,
                         on_wait=lambda: self.log("hold_wait", cache=str(vdir)),
                     )
                 )
@@ -332,6 +343,49 @@ class CacheAgent:
                 known.holding.close()
             self._forget(volume_id)
             self.log("unpublished", volume=volume_id, target=str(target))
+        if known is not None:
+            self._wake.set()  # the version it held may now make room (not in this call: an
+            # eviction can take minutes of unlinks, and the kubelet waits on the unpublish)
+
+    # ---- the volume's reserve ---------------------------------------------------------------
+
+    def keep_reserve(self) -> list[Path]:
+        """Evict versions no pod holds until the volume has its reserve free again. A fill is
+        admitted only with the reserve left over, but the volume's other tenants (images,
+        pod logs, emptyDirs) keep growing; without this the cache would sit on the space
+        the kubelet needs until the next fill (issue 39 #1). Never raises: a failed round
+        is logged and the next one retries."""
+        if self.reserve_percent is None:
+            return []
+        try:
+            return cache.keep_reserve(
+                self.cache_root,
+                self.reserve_percent,
+                on_evict=lambda vdir, size: self.log(
+                    "evicted", cache=str(vdir), bytes=size, reason="reserve"
+                ),
+            )
+        except (OSError, PrewarmError) as exc:
+            self.log("reserve_failed", error=str(exc))
+            return []
+
+    def start_reserve_keeper(self, interval_s: float) -> threading.Thread | None:
+        """Run :meth:`keep_reserve` every ``interval_s`` seconds (0: never on a timer) and
+        after each unpublish that released a hold, until :meth:`close`."""
+        if self.reserve_percent is None:
+            return None
+
+        def loop() -> None:
+            while True:
+                self._wake.wait(interval_s if interval_s > 0 else None)
+                if self._stopping.is_set():
+                    return
+                self._wake.clear()
+                self.keep_reserve()
+
+        thread = threading.Thread(target=loop, name="reserve", daemon=True)
+        thread.start()
+        return thread
 
     def recover(self) -> int:
         """Re-take the holds of volumes an earlier agent published and left mounted."""
@@ -364,7 +418,10 @@ class CacheAgent:
             return {v: p.vdir for v, p in self._published.items()}
 
     def close(self) -> None:
-        """Stop the fill pool; holds stay with the process (they end when it exits)."""
+        """Stop the fill pool and the reserve keeper; holds stay with the process (they end
+        when it exits)."""
+        self._stopping.set()
+        self._wake.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # ---- state ------------------------------------------------------------------------------

@@ -465,6 +465,40 @@ def disk_bytes(vdir: Path) -> int:
     return total
 
 
+# Free space the cache leaves on its volume, as a percentage of the volume's size. The cache
+# shares the instance-store array with the kubelet's and containerd's state and pod logs, so it
+# must stay clear of the kubelet's defaults (k8s.io/kubernetes v1.37.2,
+# pkg/kubelet/eviction/defaults_linux.go DefaultEvictionHard: nodefs.available 10 %,
+# imagefs.available 15 %; pkg/kubelet/apis/config/v1beta1/defaults.go: image garbage
+# collection from 85 % used down to 80 %). Below 10 or 15 % free the node goes into
+# DiskPressure and evicts training pods (which frees nothing the cache holds); below 20 % it
+# deletes images the next job pulls again. 20 % keeps the cache out of all three (issue 39 #1).
+DEFAULT_RESERVE_PERCENT = 20.0
+
+
+def reserve_bytes(path: Path, percent: float) -> int:
+    """The bytes ``percent`` of the volume holding ``path`` is: what the cache keeps free."""
+    try:
+        total = shutil.disk_usage(path).total
+    except OSError as exc:
+        raise local_error(exc, f"stat {path}") from exc
+    return -(-int(total * percent) // 100)  # rounded up: never less than the percentage
+
+
+def keep_reserve(
+    cache_root: Path,
+    percent: float,
+    *,
+    on_evict: Callable[[Path, int], None] = lambda _p, _b: None,
+) -> list[Path]:
+    """Evict versions nobody holds, LRU first, until ``percent`` of the volume is free again:
+    other tenants of the volume (images, logs, emptyDirs) grow after a fill was admitted."""
+    reserve = reserve_bytes(cache_root, percent)
+    if shutil.disk_usage(cache_root).free >= reserve:
+        return []
+    return evict(cache_root, free_at_least=reserve, on_evict=on_evict)
+
+
 def evict(
     cache_root: Path,
     *,

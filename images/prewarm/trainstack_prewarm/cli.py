@@ -54,6 +54,27 @@ def _non_negative(text: str) -> float:
     return value
 
 
+# The --reserve default where the flag is not given (the DaemonSet always gives it).
+RESERVE_ENV = "TRAINSTACK_CACHE_RESERVE"
+
+
+def _reserve_percent(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 90:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be 0-90 (percent of the volume), got {text}")
+    return value
+
+
+def _default_reserve() -> float:
+    text = os.environ.get(RESERVE_ENV)
+    if text is None:
+        return cache.DEFAULT_RESERVE_PERCENT
+    try:
+        return _reserve_percent(text)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        raise UsageError(f"${RESERVE_ENV}={text!r}: {exc}") from None
+
+
 def _size(text: str) -> int:
     """Bytes, with an optional K/M/G/T suffix (powers of 1024)."""
     units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -164,6 +185,15 @@ def _add_fetch_tuning(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="never evict other versions to make room (default: LRU versions no pod holds)",
     )
+    p.add_argument(
+        "--reserve",
+        type=_reserve_percent,
+        default=_default_reserve(),
+        metavar="PERCENT",
+        help="keep this share of the cache's volume free, for the kubelet and containerd "
+        f"that share it (default %(default)g, or ${RESERVE_ENV}: above the kubelet's "
+        "eviction and image garbage collection thresholds; 0 for a volume of its own)",
+    )
     p.add_argument("--progress-interval", type=_non_negative, default=10.0, metavar="SECONDS")
     depth = p.add_mutually_exclusive_group()
     depth.add_argument(
@@ -247,6 +277,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a publish waits for its fill before asking the kubelet to retry",
     )
     agent.add_argument("--fill-workers", type=_positive_int, default=4, metavar="N")
+    agent.add_argument(
+        "--reserve-interval",
+        type=_non_negative,
+        default=60.0,
+        metavar="SECONDS",
+        help="how often the agent evicts versions no pod holds when the volume's free space "
+        "fell below --reserve (other tenants grow after a fill); also after each unpublish; "
+        "0: only then",
+    )
     _add_fetch_tuning(agent)
 
     probe = sub.add_parser(
@@ -335,6 +374,7 @@ def _fetch_setup(
         part_size=args.part_size,
         ranged_threshold=args.ranged_threshold,
         evict=not args.no_evict,
+        reserve_percent=args.reserve,
     )
     rate = RateOptions(
         max_rate=args.max_request_rate if rate_limited else None,
@@ -387,6 +427,7 @@ def build_agent(
         allowed_sources=allowed,
         log=log,
         fill_workers=args.fill_workers,
+        reserve_percent=None if args.no_evict else args.reserve,
     )
 
 
@@ -394,6 +435,7 @@ def _agent(args: argparse.Namespace, log: JsonLog) -> int:
     """The node agent: serve the CSI node service until terminated (docs/prewarm.md)."""
     agent = build_agent(args, log)
     agent.recover()  # before serving: holds of the volumes still mounted
+    agent.start_reserve_keeper(args.reserve_interval)
     server = csi.serve(agent, args.csi_endpoint, args.node_id, publish_wait_s=args.publish_wait)
     server.wait_for_termination()
     return ExitCode.OK
@@ -518,8 +560,13 @@ def main(
     clock: Callable[[], float] = time.monotonic,
     execvp: Callable[[str, list[str]], object] = os.execvp,
 ) -> int:
-    args = build_parser().parse_args(argv)
     log = log or JsonLog()
+    try:
+        parser = build_parser()
+    except PrewarmError as exc:  # a bad default from the environment
+        log("error", kind=type(exc).__name__, error=exc.message, exit_code=int(exc.exit_code))
+        return int(exc.exit_code)
+    args = parser.parse_args(argv)
     commands: dict[str, Callable[[], int]] = {
         "fetch": lambda: _fetch(args, log),
         "verify": lambda: _verify(args, log, sleep, clock, execvp),

@@ -70,6 +70,10 @@ class FetchOptions:
     ranged_threshold: int = DEFAULT_RANGED_THRESHOLD
     # Make room for this version by evicting unheld versions, least recently used first.
     evict: bool = True
+    # Percentage of the cache's volume a fill leaves free (issue 39 #1). The library reserves
+    # nothing unless told; the CLI's --reserve (fetch and the node agent) defaults to
+    # cache.DEFAULT_RESERVE_PERCENT, above the kubelet's eviction and image GC thresholds.
+    reserve_percent: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -375,17 +379,22 @@ class Fetcher(FileTransfer):
         except OSError as exc:
             raise cache.local_error(exc, f"clean {self.vdir}") from exc
         needed = sum(f.size for f in files if not self._maybe_present(f, known.get(f.path)))
+        # The fill is admitted only if the volume keeps its reserve afterwards: the cache
+        # shares it with the kubelet, containerd and pod logs (issue 39 #1).
+        reserve = cache.reserve_bytes(self.vdir, self.opts.reserve_percent)
         free = shutil.disk_usage(self.vdir).free
-        if needed > free and self.opts.evict:
+        if needed + reserve > free and self.opts.evict:
             # A full disk is not permanent: versions no pod holds make room, LRU first.
-            evicted = cache.evict(self.cache_root, free_at_least=needed, keep={self.vdir})
+            evicted = cache.evict(self.cache_root, free_at_least=needed + reserve, keep={self.vdir})
             for gone in evicted:
                 self.log("evicted", cache=str(gone), reason="space")
             free = shutil.disk_usage(self.vdir).free
-        if needed > free:
+        if needed + reserve > free:
             raise LocalCacheError(
-                f"{self.vdir}: needs {needed} bytes, the cache volume has {free} free "
-                "(after evicting every version no pod holds)"
+                f"{self.vdir}: needs {needed} bytes and keeps {reserve} free "
+                f"({self.opts.reserve_percent:g}% of the volume, for the kubelet and "
+                f"containerd); the cache volume has {free} free (after evicting every "
+                "version no pod holds)"
             )
 
     def _maybe_present(self, f: RemoteFile, rec: cache.FileRecord | None) -> bool:
