@@ -208,6 +208,33 @@ def test_validate_takes_a_folder_for_its_yaml_files(tmp_path: Path) -> None:
     assert f"{tmp_path}: 1 config error:\n  - folder: holds no *.yaml file" in empty.output
 
 
+def test_a_job_that_cannot_preempt_is_valid_but_warned_about(tmp_path: Path) -> None:
+    """issue 39 #4: Volcano skips preemptors with a network topology (v1.15.1
+    actions/preempt/preempt.go Execute, `job.ContainsNetworkTopology()`), so `priority: high`
+    with `topology` would wait where its author expects it to evict. Valid, with a warning on
+    stderr, from validate (with and without --stack) and render-job; stdout stays the result."""
+    root = project(tmp_path)
+    spec = root / "job_specs" / "vision" / "embeddings-ps.yaml"
+    quiet = run("validate", str(spec))
+    assert quiet.exit_code == 0, quiet.output
+    assert "warning" not in quiet.output
+    spec.write_text(spec.read_text() + "  priority: high\n")
+    for args in (
+        ["validate", str(spec)],
+        ["validate", "--stack", "vision", str(spec), "--project-dir", str(root)],
+        ["render-job", str(spec), "--stack", "vision", "--project-dir", str(root)],
+    ):
+        result = run(*args)
+        assert result.exit_code == 0, result.output
+        assert f"{spec}: warning: spec.priority: 'high' with spec.topology: Volcano never " in (
+            result.stderr
+        ), args
+        assert "warning" not in result.stdout, args
+    soft = spec.read_text().replace("mode: hard", "mode: soft").replace("high", "normal")
+    spec.write_text(soft)
+    assert "warning" not in run("validate", str(spec)).output  # normal: not warned, documented
+
+
 @pytest.mark.parametrize(
     ("stack", "message"),
     [

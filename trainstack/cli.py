@@ -28,7 +28,7 @@ from trainstack.config.loader import stack_name_from_path
 from trainstack.diff.cli import register as _register_diff
 from trainstack.diff.cli import select_changed as _select_changed
 from trainstack.documents import document_kind
-from trainstack.jobs.spec import load_job
+from trainstack.jobs.spec import advice, load_job
 from trainstack.preview import policy_config as policy_files
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan, normalise, write_plan
@@ -290,18 +290,28 @@ def preview(
         raise typer.Exit(EXIT_POLICY_VIOLATION)
 
 
-def _validate_one(path: Path, previewer: Previewer | None, stack: str | None) -> str:
-    """What `path` is, once it passed every check that applies to it (or ConfigError)."""
+def _validate_one(
+    path: Path, previewer: Previewer | None, stack: str | None
+) -> tuple[str, list[str]]:
+    """What `path` is, once it passed every check that applies to it (or ConfigError), and
+    what it will not do that its author likely expects (jobs.spec.advice)."""
     if document_kind(yamlio.read(path), str(path)) == "job":
         if previewer is not None and stack is not None:
             # Schema, intrinsic, platform and mandatory policy checks, all in one report.
             manifest, issues = previewer.job_issues(stack, path)
             if issues or manifest is None:
                 raise ConfigError(str(path), issues)
-            return f"job {manifest['metadata']['name']}, fits stack {stack}"
-        return f"job {load_job(path).name}"
+            return f"job {manifest['metadata']['name']}, fits stack {stack}", advice(load_job(path))
+        spec = load_job(path)
+        return f"job {spec.name}", advice(spec)
     config = load_stack_file(path)
-    return f"{'team' if isinstance(config, TeamStackConfig) else 'platform'} stack"
+    return f"{'team' if isinstance(config, TeamStackConfig) else 'platform'} stack", []
+
+
+def print_advice(path: Path, notes: list[str]) -> None:
+    """Warnings on stderr, each naming its file, so that stdout stays the result."""
+    for note in notes:
+        errors.print(Text.assemble((f"{path}: warning: ", "bold yellow"), note), soft_wrap=True)
 
 
 def expand_files(paths: list[Path]) -> list[Path]:
@@ -349,7 +359,7 @@ def validate(
     reported: set[str] = set()
     for path in paths:
         try:
-            what = _validate_one(path, previewer, stack)
+            what, notes = _validate_one(path, previewer, stack)
         except (ConfigError, pulumi.RunError) as err:
             failed = True
             # A problem outside the file (the --stack, its platform) once, not once per file.
@@ -358,6 +368,7 @@ def validate(
                 errors.print(str(err), soft_wrap=True)
             continue
         console.print(f"{path}: ok ({what})", soft_wrap=True)
+        print_advice(path, notes)
     if failed:
         raise typer.Exit(EXIT_USER_ERROR)
 
@@ -375,6 +386,7 @@ def render_job(
         previewer = Previewer(Project.find(project_dir.resolve()))
         name = stack_names(previewer.project, [stack])[0]
         manifest = previewer.render_job(name, spec)
+        print_advice(spec, advice(load_job(spec)))
     except (ConfigError, pulumi.RunError) as err:
         raise _fail(str(err)) from None
     typer.echo(yaml.safe_dump(normalise(manifest), sort_keys=False), nl=False)

@@ -254,15 +254,41 @@ def test_preemption_switches_actions_and_drops_enqueue() -> None:
     assert on["actions"] == "allocate, preempt, reclaim, backfill"
     assert off["actions"] == "enqueue, allocate, backfill"
     # preemptible work goes first across nodes, not only on the first node that fits
-    # (actions/preempt/preempt.go: pickOneNodeForPreemption only with this argument)
+    # (actions/preempt/preempt.go: pickOneNodeForPreemption only with this argument), among
+    # every node the preemptor fits, not 10 % of them from a random offset (issue 39 #3)
     assert on["configurations"] == [
-        {"name": "preempt", "arguments": {"enableTopologyAwarePreemption": True}}
+        {
+            "name": "preempt",
+            "arguments": {
+                "enableTopologyAwarePreemption": True,
+                "minCandidateNodesPercentage": 100,
+                "maxCandidateNodesAbsolute": 100,
+            },
+        }
     ]
     assert "configurations" not in off
     plugins = [p["name"] for tier in on["tiers"] for p in tier["plugins"]]
     assert "capacity" in plugins
     assert "proportion" not in plugins
     assert "network-topology-aware" in plugins
+
+
+def test_preemption_considers_every_gpu_node_at_any_scale() -> None:
+    """Volcano's dry run covers min(n * percentage / 100, maxCandidateNodesAbsolute) of the n
+    nodes a preemptor fits (v1.15.1 actions/preempt/preempt.go calculateNumCandidates); the
+    cap grows with the pools so that 100 % stays 100 % on a large platform, and the values
+    reach the scheduler as YAML integers (framework/arguments.go GetInt takes only Go ints)."""
+    big = [{**POOLS[1], "size": {"min": 0, "max": 300}}, {**POOLS[2], "size": {"max": 40}}]
+    cfg = config([team("a", 0, ["h200"])], pools=big)
+    args = s.preempt_arguments(cfg)
+    assert args["minCandidateNodesPercentage"] == 100
+    assert args["maxCandidateNodesAbsolute"] == 340
+    rendered = yaml.safe_load(s.volcano_values(cfg)["custom"]["scheduler_config_override"])
+    [preempt] = rendered["configurations"]
+    assert preempt["arguments"] == args
+    assert all(type(v) is int for k, v in args.items() if k != "enableTopologyAwarePreemption")
+    text = s.volcano_values(cfg)["custom"]["scheduler_config_override"]
+    assert "minCandidateNodesPercentage: 100\n" in text
 
 
 def test_hypernodes_follow_placement_groups_and_zones() -> None:
@@ -595,9 +621,7 @@ def test_the_scheduler_configuration_in_full() -> None:
                 ]
             },
         ],
-        "configurations": [
-            {"name": "preempt", "arguments": {"enableTopologyAwarePreemption": True}}
-        ],
+        "configurations": [{"name": "preempt", "arguments": s.preempt_arguments(cfg)}],
     }
     off = s.scheduler_config(
         config([team("a", 8, ["h100"])], preemption=False, queueMode="flat", topologyAware=False)

@@ -93,3 +93,23 @@ def test_scheduling_bench_prints_its_targets_and_a_verdict(
     assert lines[0] == "targets:"
     assert "  ok     generated: gpu_allocation >= default's (measured 0.45 vs 0.031)" in lines
     assert lines[-1] == result
+
+
+def test_the_scheduling_bench_compares_the_preempt_search_it_replaces() -> None:
+    """issue 39 #3: the third configuration is the generated one with only the preempt
+    action's candidate search put back to Volcano's default."""
+    from tests.e2e.bench_scheduling import sampled_preempt  # noqa: PLC0415
+    from trainstack.builders.scheduling import scheduler_config  # noqa: PLC0415
+    from trainstack.config import PlatformConfig, load_stack_file  # noqa: PLC0415
+
+    cfg = load_stack_file(ROOT / "stacks" / "Pulumi.prod.yaml")
+    assert isinstance(cfg, PlatformConfig)
+    generated = scheduler_config(cfg)
+    sampled = sampled_preempt(generated)
+    assert sampled["configurations"] == [
+        {"name": "preempt", "arguments": {"enableTopologyAwarePreemption": True}}
+    ]
+    assert generated["configurations"][0]["arguments"]["minCandidateNodesPercentage"] == 100
+    assert {k: v for k, v in sampled.items() if k != "configurations"} == {
+        k: v for k, v in generated.items() if k != "configurations"
+    }

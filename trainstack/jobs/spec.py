@@ -365,6 +365,31 @@ def build(doc: Mapping[str, Any], source: str) -> JobSpec:
     )
 
 
+# Classes above `normal`: what a team picks them for is to get GPUs ahead of running work.
+PREEMPTING_PRIORITIES = ("critical", "high")
+
+
+def advice(spec: JobSpec) -> list[str]:
+    """What a valid spec will not do that its author likely expects (printed, not refused).
+
+    A job with a network topology never preempts: Volcano v1.15.1 skips every job whose spec
+    has `networkTopology` when it collects preemptors (pkg/scheduler/actions/preempt/
+    preempt.go, Execute: `job.ContainsNetworkTopology()`, volcano-sh/volcano#4374). Its
+    priority still orders it first in its queue and keeps lower classes from preempting it,
+    and reclaim across queues still works for it, so this is a warning, not an error.
+    """
+    notes: list[str] = []
+    if spec.topology is not None and spec.priority in PREEMPTING_PRIORITIES:
+        notes.append(
+            f"spec.priority: {spec.priority!r} with spec.topology: Volcano never lets a job "
+            "with a network topology preempt (v1.15.1 actions/preempt/preempt.go; "
+            "volcano-sh/volcano#4374), so it waits for GPUs to free instead of evicting "
+            "lower-priority jobs of its team; it still runs first in its queue's order. Drop "
+            'spec.topology if it must preempt (docs/scheduling.md, "Priority")'
+        )
+    return notes
+
+
 def is_job_document(doc: object) -> bool:
     return isinstance(doc, Mapping) and doc.get("kind") == KIND
 
