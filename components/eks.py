@@ -11,7 +11,8 @@ import pulumi_kubernetes as k8s
 
 from trainstack.builders import eks as b
 from trainstack.builders import labels
-from trainstack.components.nodes import encrypted_root_volume, imdsv2_only
+from trainstack.builders.nodegroups import SYSTEM_NODE_GROUP
+from trainstack.components.nodes import encrypted_root_volume, imdsv2_only, scaling
 from trainstack.config.model import AwsSettings, PlatformConfig
 
 
@@ -231,24 +232,28 @@ class EksCluster(pulumi.ComponentResource):
             block_device_mappings=encrypted_root_volume(system.disk_size_gib),
             opts=child,
         )
+        # EKS tags managed node groups for the Cluster Autoscaler's auto-discovery, so it
+        # scales this one too: `pulumi up` keeps its size like a GPU pool's (issue 39 #5).
+        scaling_config, ignore = scaling(
+            system.size, args.config.cluster_name, SYSTEM_NODE_GROUP, args.provider
+        )
         return aws.eks.NodeGroup(
             f"{name}-system",
             cluster_name=self.cluster.name,
-            node_group_name="system",
+            node_group_name=SYSTEM_NODE_GROUP,
             node_role_arn=self.node_role.arn,
             subnet_ids=args.subnet_ids,
             instance_types=[system.instance_type],
             ami_type="AL2023_x86_64_STANDARD",
             capacity_type="ON_DEMAND",
-            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
-                min_size=system.size.min, desired_size=system.size.desired, max_size=system.size.max
-            ),
+            scaling_config=scaling_config,
             update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
                 id=template.id, version=template.latest_version.apply(str)
             ),
             labels={labels.ROLE: "system"},
             opts=pulumi.ResourceOptions.merge(
-                child, pulumi.ResourceOptions(depends_on=[*attachments, *addons])
+                child,
+                pulumi.ResourceOptions(depends_on=[*attachments, *addons], ignore_changes=ignore),
             ),
         )

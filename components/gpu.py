@@ -13,7 +13,12 @@ from trainstack.builders import nodegroups as ng
 from trainstack.builders import pools as b
 from trainstack.builders.fabric import efa_network_interfaces
 from trainstack.components.kube import addon_release, apply_manifest
-from trainstack.components.nodes import encrypted_root_volume, imdsv2_only, tag_specifications
+from trainstack.components.nodes import (
+    encrypted_root_volume,
+    imdsv2_only,
+    scaling,
+    tag_specifications,
+)
 from trainstack.config.model import GpuPool, PlatformConfig
 
 _CAPACITY_TYPES = {
@@ -143,6 +148,7 @@ class GpuNodePool(pulumi.ComponentResource):
             user_data=base64.b64encode(user_data.encode()).decode() if user_data else None,
             opts=child,
         )
+        scaling_config, ignore = scaling(spec.size, cfg.cluster_name, pool.name, args.provider)
         self.node_group = aws.eks.NodeGroup(
             f"{name}-nodes",
             cluster_name=args.cluster_name,
@@ -153,9 +159,7 @@ class GpuNodePool(pulumi.ComponentResource):
             # EKS-optimised accelerated AMI (NVIDIA driver, EFA) for the cluster's version.
             ami_type="AL2023_x86_64_NVIDIA",
             capacity_type=_CAPACITY_TYPES[spec.capacity.type],
-            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
-                min_size=spec.size.min, desired_size=spec.size.desired, max_size=spec.size.max
-            ),
+            scaling_config=scaling_config,
             node_repair_config=aws.eks.NodeGroupNodeRepairConfigArgs(enabled=True)
             if ng.node_repair(cfg)
             else None,
@@ -179,8 +183,8 @@ class GpuNodePool(pulumi.ComponentResource):
                 pulumi.ResourceOptions(
                     depends_on=list(args.node_dependencies),
                     # The autoscaler owns the current size between min and max; `pulumi up`
-                    # must not reset it (docs/aws.md).
-                    ignore_changes=["scalingConfig.desiredSize"],
+                    # must not reset it, nor send it below a new min (docs/aws.md).
+                    ignore_changes=ignore,
                 ),
             ),
         )

@@ -1,8 +1,12 @@
-"""Launch-template settings every trainstack node gets, system and GPU alike."""
+"""Launch-template and node-group settings every trainstack node gets, system and GPU alike."""
 
 from __future__ import annotations
 
+import pulumi
 import pulumi_aws as aws
+
+from trainstack.builders import nodegroups as ng
+from trainstack.config.model import NodeGroupSize
 
 
 def imdsv2_only(hop_limit: int) -> aws.ec2.LaunchTemplateMetadataOptionsArgs:
@@ -35,3 +39,42 @@ def encrypted_root_volume(size_gib: int) -> list[aws.ec2.LaunchTemplateBlockDevi
             ),
         )
     ]
+
+
+def live_desired_size(
+    cluster_name: str, node_group_name: str, provider: pulumi.ProviderResource | None
+) -> int | None:
+    """The node group's current desired size, or None where there is none to read: a first
+    deployment (no cluster or node group yet), the offline preview (its mocks answer no
+    invoke), or an account the credentials cannot read. None keeps the old behaviour, which
+    is right in all three: the configured size for a new group, the ignored one otherwise."""
+    try:
+        group = aws.eks.get_node_group(
+            cluster_name=cluster_name,
+            node_group_name=node_group_name,
+            opts=pulumi.InvokeOptions(provider=provider),
+        )
+    except Exception as exc:  # any failure means "nothing live to keep"
+        pulumi.log.debug(f"node group {cluster_name}/{node_group_name} not read: {exc}")
+        return None
+    configs = group.scaling_configs or []
+    if not configs or configs[0].desired_size is None:
+        return None
+    return int(configs[0].desired_size)
+
+
+def scaling(
+    size: NodeGroupSize,
+    cluster_name: str,
+    node_group_name: str,
+    provider: pulumi.ProviderResource | None,
+) -> tuple[aws.eks.NodeGroupScalingConfigArgs, list[str]]:
+    """The node group's scaling config and the properties to ignore (builders/nodegroups
+    .desired_size): the live size kept, clamped into the bounds only when they exclude it."""
+    desired, ignore = ng.desired_size(
+        size, live_desired_size(cluster_name, node_group_name, provider)
+    )
+    args = aws.eks.NodeGroupScalingConfigArgs(
+        min_size=size.min, desired_size=desired, max_size=size.max
+    )
+    return args, ignore

@@ -16,6 +16,7 @@ import yaml
 
 from tests.conftest import ROOT
 from trainstack.builders import autoscaler as a
+from trainstack.builders.network import PRIVATE_CLUSTER_ENDPOINTS
 from trainstack.builders.pools import GPU_TAINT
 from trainstack.config import PlatformConfig, load_stack_file
 from trainstack.jobs.platform import PlatformView
@@ -199,3 +200,21 @@ def test_values_use_only_keys_of_the_pinned_chart_and_flags_of_its_app() -> None
     assert "extraArgs" in chart
     # extraArgs become --flags (templates/deployment.yaml): each must be a flag of CA 1.33.0
     assert [f for f in extra_args if f'("{f}"' not in flags] == []
+
+
+def test_a_private_cluster_has_an_endpoint_for_every_service_the_autoscaler_calls() -> None:
+    """issue 39 #10: the autoscaler calls eks:DescribeNodegroup (aws_wrapper.go
+    getManagedNodegroupInfo at cluster-autoscaler-1.33.0) to build a pool-at-zero's template
+    node; a private cluster without the `eks` endpoint never scales an EFA pool up. Every
+    service of its role's policy is in the endpoint table, and docs/aws.md prints that table."""
+    services = {
+        action.split(":", 1)[0]
+        for statement in a.iam_policy("c")["Statement"]
+        for action in statement["Action"]
+    }
+    assert services == {"autoscaling", "ec2", "eks"}
+    assert services <= set(PRIVATE_CLUSTER_ENDPOINTS)
+    text = (ROOT / "docs" / "aws.md").read_text()
+    section = text[text.index("## Private clusters: interface endpoints") :]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert rows == [f"| `{k}` | {v} |" for k, v in PRIVATE_CLUSTER_ENDPOINTS.items()]

@@ -210,6 +210,14 @@ def test_team_iam_is_confined_to_its_own_prefixes(
     )["Statement"]
     datasets = next(s for s in statements if s["Sid"] == "ReadDatasets")
     assert datasets["Action"] == ["s3:GetObject"]  # read-only
+    # issue 39 #8: the writer of a team's copies may tag the superseded ones, which is all
+    # the lifecycle rule expires; on its own prefix only, like the rest of its writes.
+    tagging = [
+        s for s in statements if {"s3:PutObjectTagging", "s3:GetObjectTagging"} <= set(s["Action"])
+    ]
+    assert [s["Resource"] for s in tagging] == [
+        "arn:aws:s3:::acme-trainstack-prod-checkpoints/teams/vision/*"
+    ]
     trust = json.loads(
         rec.one("aws:iam/role:Role", "p-storage-team-vision").inputs["assumeRolePolicy"]
     )

@@ -6,7 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Recorded
+from tests.conftest import ROOT, Recorded
+from trainstack.builders import teams
 from trainstack.components.platform import Platform
 from trainstack.config import PlatformConfig, load_stack_file
 
@@ -85,8 +86,29 @@ def test_default_deny_with_training_allowances(run_program: Callable[..., Record
     # that could would bypass every volume boundary with a user-space LNet client.
     assert not [p for p in egress_ports if p["port"] in (988, 1018)]
     assert {"protocol": "TCP", "port": 443} in egress_ports
-    # The node's dcgm-exporter (host network) for the runtime's GPU evidence, within the VPC
-    # (stacks/Pulumi.prod.yaml vpcCidr).
-    dcgm = {"protocol": "TCP", "port": 9400}
-    evidence = next(r for r in allow["spec"]["egress"] if dcgm in r.get("ports", []))
-    assert evidence["to"] == [{"ipBlock": {"cidr": "10.0.0.0/16"}}]
+    # The node's dcgm-exporter (host network) for the runtime's GPU evidence: on EKS the
+    # network policy agent allows a pod its own node's IP (aws-network-policy-agent#65), so
+    # no rule opens 9400 on every node of the VPC, other teams' included (issue 39).
+    assert not [p for p in egress_ports if p["port"] == 9400]
+
+
+def test_gpu_evidence_egress_only_where_the_cni_does_not_allow_the_own_node() -> None:
+    """Also check of issue 39. EKS (prod): the network policy agent allows a pod its own node's
+    IP (aws/aws-network-policy-agent#65), so there is no 9400 rule, which on the VPC's CIDR let
+    a team read every node's dcgm-exporter. An existing cluster (onprem), CNI unknown: the
+    rule stays, to any address, since a NetworkPolicy cannot name "this pod's node"."""
+
+    def dcgm_rules(stack: str) -> list[dict[str, Any]]:
+        cfg = load_stack_file(ROOT / "stacks" / f"Pulumi.{stack}.yaml")
+        assert isinstance(cfg, PlatformConfig)
+        [_, allow] = teams.network_policies(cfg, cfg.registry.teams[0])
+        return [
+            r
+            for r in allow["spec"]["egress"]
+            if {"protocol": "TCP", "port": 9400} in r.get("ports", [])
+        ]
+
+    assert dcgm_rules("prod") == []
+    assert dcgm_rules("onprem") == [
+        {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"protocol": "TCP", "port": 9400}]}
+    ]

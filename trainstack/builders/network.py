@@ -45,3 +45,28 @@ def s3_gateway_service(region: str) -> str:
     "Gateway endpoints for Amazon S3"). Gateway endpoints cost nothing and carry S3 traffic
     from the route tables they are attached to."""
     return f"com.amazonaws.{region}.s3"
+
+
+# Interface endpoints a fully private cluster (no route to the internet) needs, each
+# `com.amazonaws.<region>.<service>`, with what calls it; docs/aws.md ("Private clusters")
+# prints this table and a test keeps the two equal, and keeps every AWS service the
+# platform's own controllers call in it. trainstack creates only the S3 gateway endpoint:
+# the VPCs it makes have NAT gateways, so the list is for clusters it is pointed at.
+PRIVATE_CLUSTER_ENDPOINTS: dict[str, str] = {
+    "ec2": "nodes joining; the VPC CNI assigning ENIs and addresses",
+    "ecr.api": "image pulls from ECR (the layers themselves come through the S3 gateway)",
+    "ecr.dkr": "image pulls from ECR",
+    "sts": "IRSA, and the Cluster Autoscaler",
+    "logs": "CloudWatch Logs",
+    "elasticloadbalancing": "load balancers created by the AWS Load Balancer Controller",
+    "autoscaling": "the Cluster Autoscaler",
+    "eks": (
+        "the Cluster Autoscaler's DescribeNodegroup, which gives a pool at zero its labels, "
+        "taints and node-template tags (EFA devices, hugepages): without it no EFA pool "
+        "scales up from zero"
+    ),
+    "eks-auth": (
+        "EKS Pod Identity: the VPC CNI, the CSI drivers and the autoscaler get their roles "
+        "through it"
+    ),
+}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from trainstack.builders import labels
 from trainstack.builders.pools import instance_of
-from trainstack.config.model import GpuPool, PlatformConfig
+from trainstack.config.model import GpuPool, NodeGroupSize, PlatformConfig
 
 # Pods must not reach the node role through instance metadata: with IMDSv2 and one hop, a
 # request from a pod's network namespace never gets a token (EKS best practices, "Restrict
@@ -69,3 +69,30 @@ def node_repair(cfg: PlatformConfig) -> bool:
     if cfg.aws is None:
         return False
     return any(pin.name == NODE_MONITORING_AGENT for pin in cfg.aws.cluster.addons)
+
+
+# The autoscaler (and an operator) own a node group's current size between min and max, so
+# `pulumi up` ignores the desired size: the provider then sends the size from the stack's
+# state with any new min or max. Raising min above it fails: EKS refuses "Minimum capacity N
+# can't be greater than desired size M" (UpdateNodegroupConfig; hashicorp/
+# terraform-provider-aws#18310, terraform-aws-modules/terraform-aws-eks#3306). So the
+# program reads the live size and, only when the new bounds exclude it, sends the nearest
+# size inside them (issue 39 #5, #6).
+DESIRED_SIZE = "scalingConfig.desiredSize"
+SYSTEM_NODE_GROUP = "system"
+
+
+def desired_size(size: NodeGroupSize, live: int | None) -> tuple[int, list[str]]:
+    """The desired size to send and the properties `pulumi up` must ignore.
+
+    ``live`` is the node group's current desired size (None: it does not exist yet, or it
+    could not be read, as in the offline preview). A new node group starts at the configured
+    size; a live one keeps its size, which the update leaves alone, unless it lies outside
+    the new [min, max], when the clamped size is sent so that EKS accepts the new bounds.
+    """
+    if live is None:
+        return size.desired, [DESIRED_SIZE]
+    clamped = min(max(live, size.min), size.max)
+    if clamped == live:
+        return size.desired, [DESIRED_SIZE]
+    return clamped, []

@@ -8,6 +8,7 @@ from typing import Any
 from trainstack.builders import labels
 from trainstack.builders.pools import TRAINING_UID
 from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig, Team
+from trainstack.contracts import runtime as runtime_contract
 
 LUSTRE_PORTS = ((988, 988), (1018, 1023))  # LNet, and the ports Lustre servers call back on
 FSX_CSI_DRIVER = "fsx.csi.aws.com"
@@ -93,11 +94,17 @@ def team_s3_policy(cfg: PlatformConfig, team: Team, key_arn: str) -> dict[str, A
             {
                 "Sid": "ReadWriteOwnCheckpoints",
                 "Effect": "Allow",
+                # The tagging actions let a writer mark the copies a newer checkpoint
+                # superseded, which is all the lifecycle rule expires (SUPERSEDED_TAG);
+                # PutObject with an x-amz-tagging header needs s3:PutObjectTagging too
+                # (S3 API reference, PutObject, "Permissions").
                 "Action": [
                     "s3:GetObject",
                     "s3:PutObject",
                     "s3:DeleteObject",
                     "s3:AbortMultipartUpload",
+                    "s3:GetObjectTagging",
+                    "s3:PutObjectTagging",
                 ],
                 "Resource": s3_prefix_arn(storage.checkpoint_bucket, prefix),
             },
@@ -152,8 +159,9 @@ def checkpoint_bucket_policy(bucket_arn: str) -> dict[str, Any]:
 
 # A checkpoint copy a newer one replaced. S3 lifecycle rules cannot keep "the latest object
 # under each prefix", so age alone would also expire a paused job's only checkpoint; whoever
-# writes the copies tags those a newer checkpoint supersedes, and only they expire by age.
-SUPERSEDED_TAG = "trainstack.io/superseded"
+# writes the copies tags those a newer checkpoint supersedes (trainstack_runtime.s3copies,
+# with the team role's s3:PutObjectTagging), and only they expire by age (issue 39 #8).
+SUPERSEDED_TAG = runtime_contract.SUPERSEDED_TAG
 
 
 def checkpoint_lifecycle_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:

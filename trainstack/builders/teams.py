@@ -7,7 +7,7 @@ from typing import Any
 from trainstack.builders import labels
 from trainstack.builders.monitoring.common import DCGM_PORT
 from trainstack.builders.monitoring.values import dcgm_enabled_here
-from trainstack.config.model import NewVpc, PlatformConfig, Team
+from trainstack.config.model import PlatformConfig, Team
 from trainstack.config.monitoring import MONITORING_NAMESPACE
 from trainstack.contracts.runtime import HEALTH_PORT_DEFAULT
 
@@ -187,14 +187,22 @@ def network_policies(cfg: PlatformConfig, team: Team) -> list[dict[str, Any]]:
 
 def _gpu_evidence_egress(cfg: PlatformConfig) -> list[dict[str, Any]]:
     """The runtime reads its node's dcgm-exporter (host network, port 9400) for hardware
-    evidence. A NetworkPolicy cannot name "this pod's node", so the rule names the nodes'
-    network: the VPC's CIDR when trainstack creates the VPC, else any address."""
-    if not dcgm_enabled_here(cfg):
+    evidence. A NetworkPolicy cannot name "this pod's node".
+
+    On EKS no rule is needed, and one would be too wide: the VPC CNI's network policy agent
+    allows all traffic between a pod and its own node's IP whatever the policies say
+    (aws/aws-network-policy-agent#65, "Ignore policy restrictions against Node IP", for
+    aws-network-policy-agent#56; still so in strict mode, #635), while a rule for the VPC's
+    CIDR let a team's pods read every node's exporter, other teams' GPUs included (also check
+    of issue 39). On an existing cluster the CNI is not known, so the rule names any address.
+    """
+    if not dcgm_enabled_here(cfg) or cfg.cloud == "aws":
         return []
-    network = cfg.aws.network if cfg.aws is not None else None
-    cidr = network.cidr if isinstance(network, NewVpc) else "0.0.0.0/0"
     return [
-        {"to": [{"ipBlock": {"cidr": cidr}}], "ports": [{"protocol": "TCP", "port": DCGM_PORT}]}
+        {
+            "to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
+            "ports": [{"protocol": "TCP", "port": DCGM_PORT}],
+        }
     ]
 
 

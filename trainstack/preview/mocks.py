@@ -117,8 +117,11 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return resource_id, {**inputs, **self._computed(args.typ, args.name, inputs)}
 
     def call(self, args: MockCallArgs) -> tuple[dict[Any, Any], list[tuple[str, str]] | None]:
-        del args  # trainstack programs make no provider calls; an empty answer is honest
-        return {}, None
+        # The program's one provider call reads a node group's live size
+        # (components/nodes.live_desired_size); offline there is nothing live, and an empty
+        # answer says so. No failures is [], not None: Pulumi's MockMonitor iterates it.
+        del args
+        return {}, []
 
     def _stack_reference(self, name: str) -> dict[str, Any]:
         if name not in self.stack_outputs:

@@ -106,6 +106,10 @@ CRITICAL_XIDS: Final = (48, 63, 64, 74, 79, 94, 95, 119, 120)
 
 # --- environment variables the runtime reads ---------------------------------------------
 ENV_CHECKPOINT_DIR: Final = "TRAINSTACK_CHECKPOINT_DIR"  # durable location (mounted volume)
+# S3 object tag of a checkpoint copy a newer one superseded: the checkpoint bucket's lifecycle
+# rule expires only tagged copies (builders/storage.py), so a job's latest copy never expires;
+# trainstack_runtime.s3copies sets it (docs/runtime.md, "Copies in S3").
+SUPERSEDED_TAG: Final = "trainstack.io/superseded"
 ENV_CHECKPOINT_LOCAL_DIR: Final = "TRAINSTACK_CHECKPOINT_LOCAL_DIR"  # optional fast local tier
 ENV_CHECKPOINT_EVERY: Final = "TRAINSTACK_CHECKPOINT_EVERY"  # steps between checkpoints
 ENV_CHECKPOINT_INTERVAL_S: Final = "TRAINSTACK_CHECKPOINT_INTERVAL_S"  # seconds between them
