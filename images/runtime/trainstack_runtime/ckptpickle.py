@@ -113,24 +113,39 @@ def loads_private(data: bytes) -> Any:
 # --- DCP readers that unpickle only data -----------------------------------------------------
 class _MetadataUnpickler(pickle.Unpickler):
     """DCP's FileSystemReader.read_metadata is a plain ``pickle.load`` (any global, so any
-    code); its index holds only DCP's metadata dataclasses, sizes, dtypes and paths."""
+    code); its index holds only DCP's metadata dataclasses, sizes, dtypes and paths.
 
-    _MODULES = frozenset({"torch.distributed.checkpoint.metadata"})
+    Exactly the (module, name) pairs DCP's index uses at torch 2.13.0, never a whole module
+    and never a dotted name: pickle protocol 4 resolves ``STACK_GLOBAL(module, "a.b")`` by
+    attribute walk, and torch.distributed.checkpoint.metadata imports ``os`` and ``torch``,
+    so allowing that module allowed ``os.system`` (issue 40 #1). tests/runtime/
+    test_ckptpickle.py checks the list against what dcp.save writes and attacks it."""
+
+    _METADATA = "torch.distributed.checkpoint.metadata"
     _ALLOWED = frozenset(
         {
+            (_METADATA, "Metadata"),
+            (_METADATA, "MetadataIndex"),
+            (_METADATA, "StorageMeta"),
+            (_METADATA, "TensorStorageMetadata"),
+            (_METADATA, "BytesStorageMetadata"),
+            (_METADATA, "ChunkStorageMetadata"),
+            (_METADATA, "TensorProperties"),
+            (_METADATA, "_MEM_FORMAT_ENCODING"),  # an Enum: rebuilt from its value
             ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
             ("torch", "Size"),
-            ("torch.serialization", "_get_layout"),
+            ("torch.serialization", "_get_layout"),  # a torch.layout from its name only
             ("pathlib", "PosixPath"),
             ("collections", "OrderedDict"),
         }
     )
 
     def find_class(self, module: str, name: str) -> Any:
-        if module in self._MODULES or (module, name) in self._ALLOWED:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return super().find_class(module, name)
+        if "." not in name:
+            if (module, name) in self._ALLOWED:
+                return super().find_class(module, name)
+            if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+                return super().find_class(module, name)
         raise pickle.UnpicklingError(
             f"checkpoint index refers to disallowed global {module}.{name}"
         )
