@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -33,6 +34,31 @@ def test_concurrent_pods_agree(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert len(set(starts)) == 1
+
+
+def test_a_pod_killed_while_it_writes_the_marker_leaves_none_for_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """issue 40 #7: the marker was created empty, then written; a pod killed in between left
+    it empty and every later pod failed. Now it appears complete or not at all."""
+    def killed(*_: object) -> None:
+        raise KeyboardInterrupt  # the pod's end, between its own file and the marker
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "link", killed)
+        with pytest.raises(KeyboardInterrupt):
+            job_start(tmp_path, now=lambda: 1000.0)
+    assert not (tmp_path / START_MARKER).exists()
+    assert job_start(tmp_path, now=lambda: 2000.0) == 2000.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [START_MARKER]  # no temp file left
+
+
+def test_an_empty_marker_left_by_an_older_runtime_is_replaced(tmp_path: Path) -> None:
+    """Before: FileExistsError after a second of waiting, in every pod, until the job's
+    retries ran out."""
+    (tmp_path / START_MARKER).write_text("")
+    assert job_start(tmp_path, now=lambda: 3000.0) == 3000.0
+    assert job_start(tmp_path, now=lambda: 4000.0) == 3000.0
 
 
 def test_watch_sends_sigterm_at_the_deadline() -> None:

@@ -41,23 +41,46 @@ def job_start(
     checkpoint_dir: Path, instance: str | None = None, now: Callable[[], float] = time.time
 ) -> float:
     """The job instance's first start time; created atomically by whichever pod gets there
-    first."""
+    first.
+
+    The marker appears with its content or not at all: the time is written and synced to a
+    file of this process's own, then hard-linked to the marker's name, which fails if another
+    pod's link got there first (link(2) never replaces; POSIX, and so on Lustre and NFSv4).
+    Creating the marker empty and writing it after, as before, left an empty marker when the
+    pod was killed in between, and every later pod then failed until its retries ran out
+    (issue 40 #7). An empty marker such a pod left is replaced once no writer filled it.
+    """
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     marker = checkpoint_dir / start_marker(instance)
-    try:
-        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        for _ in range(50):  # another pod may be between create and write
+    for _ in range(50):  # an older runtime may be between its create and its write
+        try:
             text = marker.read_text().strip()
-            if text:
-                return float(text)
-            time.sleep(0.02)
-        raise
-    with os.fdopen(fd, "w") as handle:
-        started = now()
-        handle.write(f"{started}\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+        except FileNotFoundError:
+            break
+        if text:
+            return float(text)
+        time.sleep(0.02)
+    else:
+        return _write_marker(marker, now(), replace=True)  # left empty by a killed pod
+    try:
+        return _write_marker(marker, now(), replace=False)
+    except FileExistsError:
+        return float(marker.read_text().strip())  # another pod's link came first: complete
+
+
+def _write_marker(marker: Path, started: float, *, replace: bool) -> float:
+    tmp = marker.with_name(f"{marker.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "x") as handle:
+            handle.write(f"{started}\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        if replace:
+            os.replace(tmp, marker)
+            return float(marker.read_text().strip())  # a pod replacing it too may have won
+        os.link(tmp, marker)
+    finally:
+        tmp.unlink(missing_ok=True)
     return started
 
 
