@@ -305,6 +305,41 @@ def test_restore_starts_fresh_and_cleans_partial_writes(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_value_restore_would_refuse_is_refused_at_the_first_save(tmp_path: Path) -> None:
+    """issue 40 #2: a module whose get_extra_state() returns an io.BytesIO (older Transformer
+    Engine) saved and committed, then every resume failed under weights_only. The first save
+    refuses it, naming the key; plain extra state saves and restores."""
+
+    class Opaque(torch.nn.Module):
+        def get_extra_state(self) -> object:
+            return io.BytesIO(b"fp8 meta")
+
+        def set_extra_state(self, state: object) -> None:
+            self.restored = state
+
+    state = _state()
+    state.model.add_module("te", Opaque())
+    mgr = _manager(tmp_path)
+    with pytest.raises(ConfigError, match=r"model\.te\._extra_state: a BytesIO that no checkpoint"):
+        mgr.save(1, state, blocking=True)
+    assert not any(p.name.startswith("step-") for p in tmp_path.iterdir())
+
+    class Plain(Opaque):
+        def get_extra_state(self) -> object:
+            return {"scale": torch.ones(2), "format": "e4m3", "history": [1, 2]}
+
+    state = _state()
+    state.model.add_module("te", Plain())
+    _manager(tmp_path).save(1, state, blocking=True)
+    fresh = _state()
+    fresh.model.add_module("te", Plain())
+    assert _manager(tmp_path).restore(fresh) == 1
+    restored = fresh.model.te.restored
+    assert restored["format"] == "e4m3"
+    assert restored["history"] == [1, 2]
+    assert torch.equal(restored["scale"], torch.ones(2))
+
+
 def test_checkpoint_pickles_refuse_code(tmp_path: Path) -> None:
     class Evil:
         def __reduce__(self) -> tuple[object, tuple[str]]:

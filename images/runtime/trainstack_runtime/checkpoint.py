@@ -82,7 +82,13 @@ from .ckptfiles import (
     write_bytes,
 )
 from .ckptmemory import staging_memory_issue
-from .ckptpickle import SafeLoadPlanner, SafeReader, dumps_private, loads_private
+from .ckptpickle import (
+    SafeLoadPlanner,
+    SafeReader,
+    dumps_private,
+    loads_private,
+    unrestorable_value,
+)
 from .ckptshare import _digest, _nbytes, _SavePlanner, own_share, writers
 from .ckptwrite import ChecksumWriter
 from .contract import (
@@ -479,6 +485,10 @@ class CheckpointManager:
                 part["model"][key] = part["model"][key].detach().clone()
         if self._saves == 0:  # the stager keeps its copies: the first save sizes them
             issue = staging_memory_issue(_nbytes(tree), _local_ranks())
+            if issue is not None:
+                raise ConfigError(issue)
+            # What a restore would refuse fails here, not at a resume hours later.
+            issue = unrestorable_value(tree)
             if issue is not None:
                 raise ConfigError(issue)
         job = _Job(

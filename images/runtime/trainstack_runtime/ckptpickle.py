@@ -110,6 +110,39 @@ def loads_private(data: bytes) -> Any:
     return _decode(skeleton, tensors)
 
 
+def unrestorable_value(tree: Any, prefix: str = "") -> str | None:
+    """The first value of a DCP state dict that a restore would refuse, as an error message.
+
+    DCP writes every non-tensor value (a module's ``get_extra_state()``, an optimizer's
+    learning rate) with ``torch.save`` (default_planner.py ``transform_object``, torch 2.13.0)
+    and the runtime reads it back with ``torch.load(weights_only=True)`` (SafeLoadPlanner):
+    anything else would let a checkpoint's writer run code at resume. A value that unpickler
+    refuses (an ``io.BytesIO``, as older Transformer Engine's extra state is) saved and
+    committed, then failed every resume hours later (issue 40 #2): the first save refuses it
+    instead, naming the key. Keys are DCP's flattened names (nested keys joined with dots).
+    """
+    if isinstance(tree, torch.Tensor):
+        return None
+    if isinstance(tree, dict | list):
+        items = tree.items() if isinstance(tree, dict) else enumerate(tree)
+        found = (unrestorable_value(value, f"{prefix}{key}.") for key, value in items)
+        return next((f for f in found if f is not None), None)
+    buffer = io.BytesIO()
+    torch.save(tree, buffer)
+    buffer.seek(0)
+    try:
+        torch.load(buffer, weights_only=True)
+    except Exception as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return (
+            f"{prefix[:-1]}: a {type(tree).__name__} that no checkpoint can restore (the "
+            f"runtime reads non-tensor values with torch.load(weights_only=True): {reason}); "
+            "return tensors, numbers, strings, lists or dicts of them instead (for a module's "
+            "get_extra_state, a tensor of its bytes)"
+        )
+    return None
+
+
 # --- DCP readers that unpickle only data -----------------------------------------------------
 class _MetadataUnpickler(pickle.Unpickler):
     """DCP's FileSystemReader.read_metadata is a plain ``pickle.load`` (any global, so any
