@@ -9,6 +9,7 @@ import random
 import threading
 import time
 import zipfile
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,14 @@ pytestmark = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
 
 if HAVE_TORCH:
     import torch
+    from torch.distributed.checkpoint.state_dict import get_state_dict
     from trainstack_runtime import ckptfiles, ckptwrite
     from trainstack_runtime.checkpoint import (
         MANIFEST,
         CheckpointConfig,
         CheckpointManager,
         TrainState,
+        buffer_keys,
         committed_steps,
         select_checkpoint,
         step_dir_name,
@@ -97,6 +100,49 @@ def test_async_snapshot_is_isolated_from_later_updates(tmp_path: Path) -> None:
     with torch.no_grad():
         for p in state.model.parameters():
             p.add_(1.0)  # an optimizer step racing with the background write
+    mgr.wait()
+    check = _state(seed=5)
+    _manager(tmp_path).restore(check)
+    for key, value in check.model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_buffers_are_the_ones_of_the_saved_step_even_when_staging_runs_late(
+    tmp_path: Path, compiled: bool
+) -> None:
+    """A forward after save() changes BatchNorm's statistics in place while the background
+    staging may not have copied them yet; save() snapshots buffers first. For a
+    torch.compile'd model the buffer names carried `_orig_mod.` where DCP's keys do not,
+    none was snapshotted, and a checkpoint of step 2 held step 3's statistics (issue 40 #3).
+    The stager is held back here until after the forward, so the race is certain."""
+    state = _state()
+    if compiled:
+        state.model = torch.compile(state.model, backend="eager")  # no C++ toolchain needed
+    _train(state, 2)
+    assert buffer_keys(state.model) <= set(get_state_dict(state.model, [])[0])
+    before = {k: v.clone() for k, v in get_state_dict(state.model, [])[0].items()}
+    mgr = _manager(tmp_path)
+    release = threading.Event()
+    stage = mgr._stager.stage
+
+    def late(tree: object) -> Future[object]:
+        done: Future[object] = Future()
+
+        def run() -> None:
+            release.wait(30)
+            staged = stage(tree)
+            done.set_result(staged.result() if isinstance(staged, Future) else staged)
+
+        threading.Thread(target=run, daemon=True).start()
+        return done
+
+    mgr._stager.stage = late  # type: ignore[method-assign]
+    mgr.save(2, state)
+    state.model.train()
+    with torch.no_grad():
+        state.model(torch.randn(16, 4) * 10)  # new running statistics, in place
+    release.set()
     mgr.wait()
     check = _state(seed=5)
     _manager(tmp_path).restore(check)

@@ -41,6 +41,7 @@ def test_a_pod_killed_while_it_writes_the_marker_leaves_none_for_the_next(
 ) -> None:
     """issue 40 #7: the marker was created empty, then written; a pod killed in between left
     it empty and every later pod failed. Now it appears complete or not at all."""
+
     def killed(*_: object) -> None:
         raise KeyboardInterrupt  # the pod's end, between its own file and the marker
 

@@ -55,7 +55,11 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (  # _get_fqns: DCP's own key mapping
+    _get_fqns,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -225,13 +229,13 @@ def restore_rng(state: dict[str, Any]) -> None:
         np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    inner = getattr(model, "module", None)
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and isinstance(
-        inner, torch.nn.Module
-    ):
-        return inner
-    return model
+def buffer_keys(model: torch.nn.Module) -> frozenset[str]:
+    """The keys DCP's model state dict gives the module's buffers: DCP's own mapping
+    (torch.distributed.checkpoint.state_dict ``_get_fqns``, which drops DDP's ``module.``
+    and torch.compile's ``_orig_mod.``). Names from ``named_buffers()`` keep those prefixes,
+    so for a compiled model none matched: its buffers were neither snapshotted before async
+    staging nor written by rank 0 only (issue 40 #3)."""
+    return frozenset(fqn for name, _ in model.named_buffers() for fqn in _get_fqns(model, name))
 
 
 # --- the manager ----------------------------------------------------------------------------
@@ -461,7 +465,7 @@ class CheckpointManager:
         }
         tree = self._tree(state)
         prefix = "model." if state.replicated else f"{rank_name(self.rank)}.model."
-        buffers = frozenset(prefix + n for n, _ in _unwrap(state.model).named_buffers())
+        buffers = frozenset(prefix + key for key in buffer_keys(state.model))
         check_replicated = state.replicated and self._saves == 0 and self._dist()
         if state.replicated and self._dist() and not check_replicated:
             # DCP writes each replicated tensor once, from one rank; staging all of them on
