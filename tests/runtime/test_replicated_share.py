@@ -94,12 +94,22 @@ def _worker(rank: int, root: str) -> None:
             model(torch.randn(4, 256)).sum().backward()
             opt.step()
             mgr.save(step, TrainState(model, opt), blocking=True)
+        # What the stager keeps between saves: its host copies, keyed by the live storage.
+        held = _stager_bytes(mgr)
         mgr.close()
         if rank == 0:
             torch.save((model.module.state_dict(), opt.state_dict()), Path(root, "expected.pt"))
     finally:
         Path(root, f"staged-{rank}").write_text(json.dumps(staged))
+        Path(root, f"held-{rank}").write_text(json.dumps(held if "held" in locals() else -1))
         dist.destroy_process_group()
+
+
+def _stager_bytes(mgr: CheckpointManager) -> int:
+    """Bytes of host copies the manager's stager holds (torch 2.13.0 DefaultStager ->
+    StateDictStager._cached_storage_mapping: live storage -> its host copy)."""
+    cache = mgr._stager._state_dict_stager._cached_storage_mapping
+    return sum(copy.nbytes() for copy in cache.values())
 
 
 def _model() -> torch.nn.Sequential:
@@ -116,6 +126,10 @@ def test_ddp_ranks_stage_their_share_after_the_first_save(tmp_path: Path) -> Non
     for later in (1, 2):
         assert staged[0][later] + staged[1][later] == full  # then each tensor once
         assert 0.4 * full < staged[1][later] < 0.6 * full
+    # The first save's full host copies are dropped at the second (a fresh stager): without
+    # that, rank 1 kept the whole model and optimizer in host memory for the job's life.
+    held = [json.loads((tmp_path / f"held-{r}").read_text()) for r in (0, 1)]
+    assert 0 < held[1] < 0.6 * full, (held, full)
     files = json.loads((tmp_path / "ckpt" / step_dir_name(3) / MANIFEST).read_text())["files"]
     assert 0.4 * full < files["__1_0.distcp"]["size"] < 0.6 * full
     # The shares make one whole checkpoint: one process restores exactly what rank 0 had.
@@ -131,3 +145,59 @@ def test_ddp_ranks_stage_their_share_after_the_first_save(tmp_path: Path) -> Non
     for index, entry in expected_opt["state"].items():
         for key, value in entry.items():
             assert torch.equal(got[index][key], value), (index, key)
+
+
+def _buffers_worker(rank: int, root: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = DistributedDataParallel(_bn_model())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        # "first": one save, the path that stages everything and compares it across ranks;
+        # "later": a second save, the path where each rank stages and writes its share.
+        for name, steps in (("first", (1,)), ("later", (1, 2))):
+            mgr = CheckpointManager(
+                CheckpointConfig(root=Path(root) / name), rank=rank, world_size=2
+            )
+            for step in steps:
+                torch.manual_seed(100 * step + rank)  # each rank its own data and statistics
+                opt.zero_grad()
+                model(torch.randn(8, 16) * (1 + rank)).sum().backward()
+                opt.step()
+                mgr.save(step, TrainState(model, opt), blocking=True)
+            mgr.close()
+            buffers = {k: v.clone() for k, v in model.module.named_buffers()}
+            torch.save(buffers, Path(root, f"buffers-{name}-{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _bn_model() -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    for _ in range(6):  # several buffers, so that load balancing would hand rank 1 some
+        layers += [torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16)]
+    return torch.nn.Sequential(*layers)
+
+
+@pytest.mark.parametrize("save", ["first", "later"])
+def test_module_buffers_are_written_by_rank_0(tmp_path: Path, save: str) -> None:
+    """The checkpoint's buffers are rank 0's: DDP takes rank 0's at its next forward
+    (broadcast_buffers), and each rank's BatchNorm statistics differ after its own forward.
+    DCP alone writes each replicated item from whichever rank balances the load
+    (dedup_save_plans); with every rank writing its buffers, restored statistics were partly
+    rank 1's while every other checkpoint test passed (issue 40, "tests that must bite").
+    Both save paths: the first (_SavePlanner drops rank 1's buffers) and later ones
+    (ckptshare.writers assigns them to rank 0)."""
+    start_processes(  # type: ignore[no-untyped-call]
+        _buffers_worker, args=(str(tmp_path),), nprocs=2, join=True, start_method="spawn"
+    )
+    ranks = [torch.load(tmp_path / f"buffers-{save}-{r}.pt") for r in (0, 1)]
+    assert [k for k in ranks[0] if not torch.equal(ranks[0][k], ranks[1][k])], "no difference"
+    model = _bn_model()
+    mgr = CheckpointManager(CheckpointConfig(root=tmp_path / save))
+    assert mgr.restore(TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))) >= 1
+    mgr.close()
+    restored = dict(model.named_buffers())
+    for key, value in ranks[0].items():
+        assert torch.equal(restored[key], value), key
