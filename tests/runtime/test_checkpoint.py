@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import pickle
@@ -11,6 +12,7 @@ import time
 import zipfile
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +23,7 @@ pytestmark = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
 if HAVE_TORCH:
     import torch
     from torch.distributed.checkpoint.state_dict import get_state_dict
-    from trainstack_runtime import ckptfiles, ckptwrite
+    from trainstack_runtime import checkpoint, ckptfiles, ckptwrite
     from trainstack_runtime.checkpoint import (
         MANIFEST,
         CheckpointConfig,
@@ -148,6 +150,63 @@ def test_buffers_are_the_ones_of_the_saved_step_even_when_staging_runs_late(
     _manager(tmp_path).restore(check)
     for key, value in check.model.state_dict().items():
         assert torch.equal(value, before[key]), key
+
+
+def test_staging_waits_for_the_training_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 40 #4: with an accelerator, DefaultStager copies on its own stream and never
+    waited for the training stream, so the copies could read tensors optimizer.step() had
+    not finished writing. No GPU here: the stager runs against a stream and an event that
+    follow torch's contract (Event.record on the current stream at stage(), the staging
+    stream's wait_event before its copies), as test_comm_timer.py does for its events. On a
+    GPU, docs/testing.md says how to run the real one."""
+    log: list[str] = []
+
+    class Event:
+        def __init__(self, *_: object, **__: object) -> None:
+            log.append("event")
+
+        def record(self, stream: object = None) -> None:
+            log.append("record on the current stream" if stream is None else "record")
+
+    class Stream:
+        def wait_event(self, event: object) -> None:
+            assert isinstance(event, Event)
+            log.append("staging stream waits")
+
+        def __enter__(self) -> Stream:
+            log.append("enter staging stream")
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            log.append("leave staging stream")
+
+        def synchronize(self) -> None:
+            log.append("synchronize")
+
+    monkeypatch.setattr(torch, "Event", Event)
+    stager = checkpoint._new_stager()
+    stager._staging_stream = Stream()  # type: ignore[assignment]
+    stager._config = dataclasses.replace(stager._config, use_non_blocking_copy=True)
+    copy = stager._state_dict_stager.stage
+
+    def staged(tree: Any, **kw: Any) -> Any:
+        log.append("copies")
+        return copy(tree, **kw)
+
+    stager._state_dict_stager.stage = staged  # type: ignore[method-assign]
+    result = stager.stage({"w": torch.ones(2)})
+    assert isinstance(result, Future)
+    assert torch.equal(result.result()["w"], torch.ones(2))
+    stager.close()
+    assert log == [
+        "event",
+        "record on the current stream",
+        "staging stream waits",
+        "enter staging stream",
+        "copies",
+        "leave staging stream",
+        "synchronize",
+    ]
 
 
 def test_layout_manifest_latest_and_retention(tmp_path: Path) -> None:

@@ -669,9 +669,36 @@ class CheckpointManager:
         retain(self.config.root, self.config.keep)
 
 
+class OrderedStager(DefaultStager):
+    """DCP's DefaultStager, its copies ordered after the training stream's queued work.
+
+    With an accelerator, DefaultStager copies on a stream of its own from a background
+    thread and never waits for the stream that computed the tensors (torch 2.13.0
+    distributed/checkpoint/staging.py ``_stage``: no ``wait_stream``/``wait_event``).
+    ``save()`` runs right after ``optimizer.step()``, whose kernels (and the buffer clones)
+    may still be queued: the copies could read a mix of two steps, and the manifest's
+    checksums, taken over the staged bytes, would bless the torn checkpoint (issue 40 #4).
+    An event recorded on the current stream when ``stage`` is called, and waited for by the
+    staging stream before its first copy, orders them. No accelerator: no stream, no event.
+    """
+
+    def stage(self, state_dict: Any, **kwargs: Any) -> Any:
+        ready = None
+        if self._staging_stream is not None:
+            ready = torch.Event()  # the current accelerator's
+            ready.record()  # on its current stream: after everything queued so far
+        return super().stage(state_dict, ready=ready, **kwargs)
+
+    def _stage(self, state_dict: Any, **kwargs: Any) -> Any:
+        ready = kwargs.pop("ready", None)
+        if ready is not None and self._staging_stream is not None:
+            self._staging_stream.wait_event(ready)  # device-side: the host does not block
+        return super()._stage(state_dict, **kwargs)
+
+
 def _new_stager() -> DefaultStager:
     cuda = torch.cuda.is_available()
-    return DefaultStager(
+    return OrderedStager(
         StagingOptions(
             use_pinned_memory=cuda,
             use_shared_memory=False,
