@@ -113,3 +113,22 @@ def test_the_scheduling_bench_compares_the_preempt_search_it_replaces() -> None:
     assert {k: v for k, v in sampled.items() if k != "configurations"} == {
         k: v for k, v in generated.items() if k != "configurations"
     }
+
+
+def test_the_scheduling_bench_submits_jobs_its_platform_admits(tmp_path: Path) -> None:
+    """The bench's organisation is a production platform, whose admission refuses images
+    pinned by a tag: its jobs, pinned by `:2025Q1`, were refused at submission (403 from the
+    `trainstack-rule-pinned-images` ValidatingAdmissionPolicy) and `make bench-scheduling`
+    failed before measuring anything, unseen by `make test`. The jobs it submits pass every
+    mandatory rule of the platform's policy pack, as the admission policies' CEL agrees
+    with (tests/policy/test_agreement.py)."""
+    from tests.e2e.bench_scheduling import organisation, workload  # noqa: PLC0415
+    from trainstack.policy.objects import VOLCANO_JOB  # noqa: PLC0415
+    from trainstack.policy.pack import evaluate  # noqa: PLC0415
+    from trainstack.policy.settings import levels, pack_config  # noqa: PLC0415
+
+    cfg, previewer = organisation(tmp_path)
+    jobs = workload(cfg, previewer.preview("org").outputs)
+    resources = [(VOLCANO_JOB, job["metadata"]["name"], job) for job in jobs[:10]]
+    violations = evaluate(resources, pack_config(cfg), levels(cfg))
+    assert [v for v in violations if v.level == "mandatory"] == []
