@@ -158,8 +158,9 @@ bench-preview: setup
 
 # The real control plane (docs/testing.md): kube-apiserver, etcd, Volcano, kwok, actionlint,
 # the Pulumi CLI and its Kubernetes provider, built from pinned Go modules into
-# ~/.cache/trainstack/e2e (TRAINSTACK_E2E_CACHE); cold about 50 minutes, warm a no-op.
-## build the pinned control-plane tools (cold ~50 min)
+# ~/.cache/trainstack/e2e (TRAINSTACK_E2E_CACHE); cold about 35 minutes on 2 cores (all seven,
+# 2026-12-04: docs/testing.md, "CI's time budget"), warm a no-op.
+## build the pinned control-plane tools (cold ~35 min)
 e2e-tools: setup
 	$(BIN)/python -m tests.e2e.toolchain build
 

@@ -250,7 +250,7 @@ def locate(*names: str) -> dict[str, Path]:
     if missing:
         raise MissingTools(
             f"e2e tools not built: {', '.join(missing)} (expected under {cache_root()}); "
-            "run `make e2e-tools` (cold: about 50 minutes on 2 cores, then cached)"
+            "run `make e2e-tools` (cold: about 35 minutes on 2 cores, then cached)"
         )
     found: dict[str, Path] = {}
     for name in wanted:
