@@ -62,6 +62,21 @@ def test_the_agents_arguments_are_ones_its_cli_accepts(stack: str) -> None:
     assert args.allow_source == cache_sources(cfg)
 
 
+def _onprem_with_cache(tmp_path: Path, **fields: object) -> Path:
+    """stacks/Pulumi.onprem.yaml with these storage.nvmeCache fields set."""
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.onprem.yaml").read_text())
+    doc["config"]["trainstack:platform"]["storage"]["nvmeCache"].update(fields)
+    path = tmp_path / "Pulumi.onprem.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _onprem_cache_config(tmp_path: Path, **fields: object) -> PlatformConfig:
+    cfg = load_stack_file(_onprem_with_cache(tmp_path, **fields))
+    assert isinstance(cfg, PlatformConfig)
+    return cfg
+
+
 @pytest.mark.parametrize(
     "kubelet", ["/var/lib/k0s/kubelet", "/var/snap/microk8s/common/var/lib/kubelet"]
 )
@@ -74,12 +89,7 @@ def test_the_agent_follows_a_kubelet_that_lives_elsewhere(tmp_path: Path, kubele
     assert {v["name"]: v["hostPath"]["path"] for v in default["volumes"]}["pods"] == (
         "/var/lib/kubelet/pods"
     )
-    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.onprem.yaml").read_text())
-    doc["config"]["trainstack:platform"]["storage"]["nvmeCache"]["kubeletDir"] = kubelet
-    path = tmp_path / "Pulumi.onprem.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    cfg = load_stack_file(path)
-    assert isinstance(cfg, PlatformConfig)
+    cfg = _onprem_cache_config(tmp_path, kubeletDir=kubelet)
     pod = cache.daemonset(cfg)["spec"]["template"]["spec"]
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     assert volumes["pods"] == f"{kubelet}/pods"
@@ -96,12 +106,8 @@ def test_the_agent_follows_a_kubelet_that_lives_elsewhere(tmp_path: Path, kubele
 
 @pytest.mark.parametrize("bad", ["var/lib/kubelet", "/var/lib/kubelet/", "/", "/a b"])
 def test_a_kubelet_dir_that_is_not_an_absolute_path_is_refused(tmp_path: Path, bad: str) -> None:
-    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.onprem.yaml").read_text())
-    doc["config"]["trainstack:platform"]["storage"]["nvmeCache"]["kubeletDir"] = bad
-    path = tmp_path / "Pulumi.onprem.yaml"
-    path.write_text(yaml.safe_dump(doc))
     with pytest.raises(ConfigError) as info:
-        load_stack_file(path)
+        load_stack_file(_onprem_with_cache(tmp_path, kubeletDir=bad))
     assert "storage.nvmeCache.kubeletDir" in str(info.value)
 
 
@@ -112,12 +118,7 @@ def test_the_agent_keeps_the_configured_share_of_its_volume_free(tmp_path: Path)
     args = build_parser().parse_args(cache.agent_args(platform("dev")))
     assert args.reserve == 20.0
     assert not args.no_evict
-    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.onprem.yaml").read_text())
-    doc["config"]["trainstack:platform"]["storage"]["nvmeCache"]["reservePercent"] = 35
-    path = tmp_path / "Pulumi.onprem.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    cfg = load_stack_file(path)
-    assert isinstance(cfg, PlatformConfig)
+    cfg = _onprem_cache_config(tmp_path, reservePercent=35)
     assert build_parser().parse_args(cache.agent_args(cfg)).reserve == 35.0
 
 
@@ -233,22 +234,12 @@ def test_the_agent_runs_only_where_the_cache_directory_is(tmp_path: Path) -> Non
     )
 
 
-def _onprem_with_sources(tmp_path: Path, sources: list[str]) -> Path:
-    """stacks/Pulumi.onprem.yaml with storage.nvmeCache.sources set."""
-    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.onprem.yaml").read_text())
-    doc["config"]["trainstack:platform"]["storage"]["nvmeCache"]["sources"] = sources
-    path = tmp_path / "Pulumi.onprem.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
 def test_each_directory_source_is_mounted_read_only_into_the_agent_at_its_own_path(
     tmp_path: Path,
 ) -> None:
     """The agent fetches a directory source from its own file system: without the mount a
     fill from it could not work."""
-    cfg = load_stack_file(_onprem_with_sources(tmp_path, ["/fsx/datasets/", "/scratch/sets/"]))
-    assert isinstance(cfg, PlatformConfig)
+    cfg = _onprem_cache_config(tmp_path, sources=["/fsx/datasets/", "/scratch/sets/"])
     pod = cache.daemonset(cfg)["spec"]["template"]["spec"]
     agent = pod["containers"][0]
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -284,7 +275,7 @@ def test_a_directory_source_must_be_a_normalised_absolute_directory(
     tmp_path: Path, source: str
 ) -> None:
     with pytest.raises(ConfigError) as refused:
-        load_stack_file(_onprem_with_sources(tmp_path, [source]))
+        load_stack_file(_onprem_with_cache(tmp_path, sources=[source]))
     (issue,) = refused.value.issues
     assert issue.path == "trainstack:platform.storage.nvmeCache.sources[0]"
     assert repr(source) in issue.message
@@ -305,7 +296,7 @@ def test_a_directory_source_may_not_hold_the_nodes_own_state(
 ) -> None:
     """Every team reads what is under a source through the agent, which reads as root."""
     with pytest.raises(ConfigError) as refused:
-        load_stack_file(_onprem_with_sources(tmp_path, [source]))
+        load_stack_file(_onprem_with_cache(tmp_path, sources=[source]))
     (issue,) = refused.value.issues
     assert issue.path == "trainstack:platform.storage.nvmeCache.sources[0]"
     assert issue.message.startswith(f"{source!r} overlaps {holds}")

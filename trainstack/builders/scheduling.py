@@ -417,7 +417,7 @@ VOLCANO_MAX_CANDIDATES = 100
 
 
 def preempt_arguments(cfg: PlatformConfig) -> dict[str, Any]:
-    """Which node a preemptor takes (docs/scheduling.md, "Priority").
+    """Which node a preemptor takes (docs/scheduling.md, "Priority classes").
 
     By default Volcano walks nodes in score order and evicts the lowest-priority victims of
     the first node that fits, so a normal job can go while a preemptible one elsewhere keeps

@@ -385,7 +385,7 @@ def advice(spec: JobSpec) -> list[str]:
             "with a network topology preempt (v1.15.1 actions/preempt/preempt.go; "
             "volcano-sh/volcano#4374), so it waits for GPUs to free instead of evicting "
             "lower-priority jobs of its team; it still runs first in its queue's order. Drop "
-            'spec.topology if it must preempt (docs/scheduling.md, "Priority")'
+            'spec.topology if it must preempt (docs/scheduling.md, "Topology")'
         )
     return notes
 

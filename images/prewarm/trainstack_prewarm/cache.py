@@ -476,13 +476,14 @@ def disk_bytes(vdir: Path) -> int:
 DEFAULT_RESERVE_PERCENT = 20.0
 
 
-def reserve_bytes(path: Path, percent: float) -> int:
-    """The bytes ``percent`` of the volume holding ``path`` is: what the cache keeps free."""
+def free_and_reserve(path: Path, percent: float) -> tuple[int, int]:
+    """The free bytes of the volume holding ``path``, and the bytes ``percent`` of it is (what
+    the cache keeps free), from one look at the volume."""
     try:
-        total = shutil.disk_usage(path).total
+        usage = shutil.disk_usage(path)
     except OSError as exc:
         raise local_error(exc, f"stat {path}") from exc
-    return -(-int(total * percent) // 100)  # rounded up: never less than the percentage
+    return usage.free, -(-int(usage.total * percent) // 100)  # rounded up: never below
 
 
 def keep_reserve(
@@ -493,8 +494,8 @@ def keep_reserve(
 ) -> list[Path]:
     """Evict versions nobody holds, LRU first, until ``percent`` of the volume is free again:
     other tenants of the volume (images, logs, emptyDirs) grow after a fill was admitted."""
-    reserve = reserve_bytes(cache_root, percent)
-    if shutil.disk_usage(cache_root).free >= reserve:
+    free, reserve = free_and_reserve(cache_root, percent)
+    if free >= reserve:
         return []
     return evict(cache_root, free_at_least=reserve, on_evict=on_evict)
 

@@ -381,8 +381,7 @@ class Fetcher(FileTransfer):
         needed = sum(f.size for f in files if not self._maybe_present(f, known.get(f.path)))
         # The fill is admitted only if the volume keeps its reserve afterwards: the cache
         # shares it with the kubelet, containerd and pod logs (issue 39 #1).
-        reserve = cache.reserve_bytes(self.vdir, self.opts.reserve_percent)
-        free = shutil.disk_usage(self.vdir).free
+        free, reserve = cache.free_and_reserve(self.vdir, self.opts.reserve_percent)
         if needed + reserve > free and self.opts.evict:
             # A full disk is not permanent: versions no pod holds make room, LRU first.
             evicted = cache.evict(self.cache_root, free_at_least=needed + reserve, keep={self.vdir})

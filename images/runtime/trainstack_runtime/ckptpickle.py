@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from .ckptfiles import DCP_METADATA, TensorRef
+from .ckptshare import _flat_keys
 from .exitcodes import ConfigError
 
 
@@ -110,7 +111,7 @@ def loads_private(data: bytes) -> Any:
     return _decode(skeleton, tensors)
 
 
-def unrestorable_value(tree: Any, prefix: str = "") -> str | None:
+def unrestorable_value(tree: Any) -> str | None:
     """The first value of a DCP state dict that a restore would refuse, as an error message.
 
     DCP writes every non-tensor value (a module's ``get_extra_state()``, an optimizer's
@@ -119,27 +120,25 @@ def unrestorable_value(tree: Any, prefix: str = "") -> str | None:
     anything else would let a checkpoint's writer run code at resume. A value that unpickler
     refuses (an ``io.BytesIO``, as older Transformer Engine's extra state is) saved and
     committed, then failed every resume hours later (issue 40 #2): the first save refuses it
-    instead, naming the key. Keys are DCP's flattened names (nested keys joined with dots).
+    instead, naming the key. Keys are DCP's flattened names (ckptshare._flat_keys).
     """
-    if isinstance(tree, torch.Tensor):
-        return None
-    if isinstance(tree, dict | list):
-        items = tree.items() if isinstance(tree, dict) else enumerate(tree)
-        found = (unrestorable_value(value, f"{prefix}{key}.") for key, value in items)
-        return next((f for f in found if f is not None), None)
-    buffer = io.BytesIO()
-    torch.save(tree, buffer)
-    buffer.seek(0)
-    try:
-        torch.load(buffer, weights_only=True)
-    except Exception as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return (
-            f"{prefix[:-1]}: a {type(tree).__name__} that no checkpoint can restore (the "
-            f"runtime reads non-tensor values with torch.load(weights_only=True): {reason}); "
-            "return tensors, numbers, strings, lists or dicts of them instead (for a module's "
-            "get_extra_state, a tensor of its bytes)"
-        )
+    for key, value in _flat_keys(tree).items():
+        if isinstance(value, torch.Tensor):
+            continue
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        buffer.seek(0)
+        try:
+            torch.load(buffer, weights_only=True)
+        except Exception as err:
+            text = str(err).strip()
+            reason = text.splitlines()[0] if text else type(err).__name__
+            return (
+                f"{key}: a {type(value).__name__} that no checkpoint can restore (the runtime "
+                f"reads non-tensor values with torch.load(weights_only=True): {reason}); "
+                "return tensors, numbers, strings, lists or dicts of them instead (for a "
+                "module's get_extra_state, a tensor of its bytes)"
+            )
     return None
 
 
