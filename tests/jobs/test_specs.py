@@ -15,6 +15,7 @@ from trainstack.config import ConfigError
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.render import platform_issues
 from trainstack.jobs.spec import (
+    advice,
     cpu_millis,
     intrinsic_issues,
     load_job,
@@ -203,3 +204,34 @@ def test_job_labels_are_kept_and_sorted(tmp_path: Path) -> None:
         "and pod; a value here would be replaced, so remove it or use a key outside "
         "trainstack.io/",
     ]
+
+
+@pytest.mark.parametrize(
+    ("priority", "topology", "warned"),
+    [
+        ("high", {"mode": "hard", "tier": "pool"}, True),
+        ("critical", {"mode": "soft", "tier": "zone"}, True),
+        ("normal", {"mode": "hard", "tier": "pool"}, False),  # documented, not warned
+        ("preemptible", {"mode": "hard", "tier": "pool"}, False),
+        ("high", None, False),  # preempts as its class promises
+    ],
+)
+def test_advice_warns_only_where_a_priority_meant_to_preempt_cannot(
+    tmp_path: Path, priority: str, topology: dict[str, str] | None, warned: bool
+) -> None:
+    """issue 39 #4: Volcano v1.15.1 skips preemptors with networkTopology (preempt.go
+    Execute); a high or critical job with one is valid but told so, nothing else is."""
+    doc = yaml.safe_load((ROOT / "job_specs" / "vision" / "embeddings-ps.yaml").read_text())
+    doc["spec"]["priority"] = priority
+    doc["spec"].pop("topology", None)
+    if topology is not None:
+        doc["spec"]["topology"] = topology
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    notes = advice(load_job(path))
+    if warned:
+        [note] = notes
+        assert note.startswith(f"spec.priority: {priority!r} with spec.topology: Volcano never")
+        assert 'Drop spec.topology if it must preempt (docs/scheduling.md, "Topology")' in note
+    else:
+        assert notes == []
