@@ -32,6 +32,7 @@ def spec(
     gpus: int = 1,
     priority: str = "normal",
     max_retries: int = 3,
+    max_preemptions: int = 100,
     cpu: str = "4",
     memory: str = "16Gi",
 ) -> dict[str, Any]:
@@ -48,7 +49,7 @@ def spec(
             "checkpoint": {"intervalSeconds": 600},
             "maxDurationHours": 24,
             "priority": priority,
-            "retry": {"maxRetries": max_retries},
+            "retry": {"maxRetries": max_retries, "maxPreemptions": max_preemptions},
         },
     }
 

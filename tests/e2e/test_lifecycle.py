@@ -8,6 +8,7 @@ EXIT_ACTIONS). A kwok stage makes the first container exit with the chosen code.
 
 from __future__ import annotations
 
+import collections
 import copy
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from tests.e2e import jobs
 from tests.e2e.conftest import Deployed
 from tests.e2e.kube import ApiError, wait_for
 from trainstack.jobs.lifecycle import EXIT_ACTIONS, SIGNAL_EXITS, replacement_key
+from trainstack.jobs.render import RETRY_COUNT_ANNOTATION
 
 # The phases each action leads to (Volcano pkg/controllers/job/state/*.go). Aborting and
 # Terminating become Aborted and Terminated on the job's next sync once no pod is alive
@@ -39,10 +41,24 @@ def clean(prod: Deployed) -> Iterator[Deployed]:
         jobs.delete(prod, job)
 
 
-def _small(platform: Deployed, name: str, max_retries: int = 3) -> dict[str, Any]:
+def _small(
+    platform: Deployed,
+    name: str,
+    max_retries: int = 3,
+    max_preemptions: int = 100,
+    replicas: int = 1,
+) -> dict[str, Any]:
     return jobs.rendered(
         platform,
-        jobs.spec("vision", name, pool="h100-reserved", gpus=1, max_retries=max_retries),
+        jobs.spec(
+            "vision",
+            name,
+            pool="h100-reserved",
+            gpus=1,
+            replicas=replicas,
+            max_retries=max_retries,
+            max_preemptions=max_preemptions,
+        ),
     )
 
 
@@ -154,22 +170,32 @@ def test_exit_code_triggers_the_documented_action(
         assert not jobs.running_pods(clean, job)
 
 
-@pytest.mark.parametrize("retries", [1, 2])
-def test_max_retries_n_gives_n_retries(clean: Deployed, retries: int) -> None:
-    """A job failing every run with a retryable code runs 1 + N times, then fails (issue 15
-    #7: before jobs/render.volcano_max_retry it ran N times)."""
-    job = _small(clean, f"retries-{retries}", max_retries=retries)
-    jobs.exiting(job, int(ExitCode.COMM_ERROR), after="2s")
+@pytest.mark.parametrize(("retries", "preemptions", "code"), [(2, 0, 200), (1, 2, 203)])
+def test_volcanos_ceiling_is_max_retries_plus_max_preemptions(
+    clean: Deployed, retries: int, preemptions: int, code: int
+) -> None:
+    """kwok's pods run no runtime, so nothing counts failures here: Volcano alone restarts
+    the job 1 + maxRetries + maxPreemptions times, then fails it (issue 15 #7: before
+    volcano_max_retry it ran N times; issue 40 #5: before maxPreemptions a job preempted
+    maxRetries + 1 times failed). Every pod carries the run's retry count, the same for the
+    pods of one run and one more each run: the runtime's count of failed runs
+    (TRAINSTACK_JOB_RETRY, trainstack_runtime/crashes.py) rests on it."""
+    job = _small(clean, f"ceiling-{retries}-{preemptions}", retries, preemptions, replicas=2)
+    jobs.exiting(job, code, after="2s")
     jobs.submit(clean, job)
-    runs: set[str] = set()
-    deadline = time.monotonic() + 30 + 15 * retries
+    runs: dict[str, str] = {}  # pod uid -> its retry-count annotation
+    deadline = time.monotonic() + 30 + 15 * (retries + preemptions)
     while time.monotonic() < deadline:
-        runs |= {p["metadata"]["uid"] for p in jobs.pods(clean, job)}
+        for pod in jobs.pods(clean, job):
+            annotations = pod["metadata"].get("annotations", {})
+            runs[pod["metadata"]["uid"]] = annotations.get(RETRY_COUNT_ANNOTATION, "")
         if jobs.phase(clean, job) == "Failed":
             break
         time.sleep(0.2)
     assert jobs.phase(clean, job) == "Failed"
-    assert len(runs) == 1 + retries, f"{len(runs)} runs for maxRetries: {retries}"
+    expected = 1 + retries + preemptions
+    by_run = sorted(collections.Counter(runs.values()).items())
+    assert by_run == [(str(n), 2) for n in range(expected)], by_run
 
 
 def test_a_kubelet_eviction_restarts_the_job(clean: Deployed) -> None:

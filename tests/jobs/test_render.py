@@ -59,7 +59,7 @@ def test_gang_queue_priority_and_plugins(view: PlatformView) -> None:
     assert [(t["name"], t["replicas"]) for t in spec["tasks"]] == [("master", 1), ("worker", 1)]
     assert spec["plugins"]["pytorch"] == ["--master=master", "--worker=worker", "--port=23456"]
     assert spec["plugins"]["svc"] == ["--disable-network-policy=true"]
-    assert spec["maxRetry"] == 4  # the spec's 3 retries (see below)
+    assert spec["maxRetry"] == 104  # the spec's 3 failed runs and 100 preemptions (see below)
 
 
 def test_every_field_volcanos_webhook_defaults_is_rendered(view: PlatformView) -> None:
@@ -77,19 +77,55 @@ def test_every_field_volcanos_webhook_defaults_is_rendered(view: PlatformView) -
     assert {"svc"} <= set(spec["plugins"])  # patchDefaultPlugins adds svc for pytorch
 
 
-@pytest.mark.parametrize("retries", [1, 2, 3, 100])
-def test_max_retries_means_retries_after_the_first_run(retries: int) -> None:
-    """Issue 15 #7. Volcano v1.15.1 counts each RestartJob (state/running.go RetryCount++)
-    and fails the job in the restarting state once RetryCount >= maxRetry
-    (state/restarting.go); the e2e scenario test_max_retries_n_gives_n_retries shows it."""
-    max_retry = volcano_max_retry(retries)
-    runs, retry_count = 1, 0
-    while True:  # every run fails with a retryable code
+def _runs(retries: int, preemptions: int, causes: str) -> tuple[int, str]:
+    """Runs of a job whose run i ends as ``causes[i]`` ("f" failure, "p" preemption; the
+    last repeats), under Volcano v1.15.1's count and the runtime's: each RestartJob counts
+    (state/running.go RetryCount++), the job fails in the restarting state once RetryCount
+    >= maxRetry (state/restarting.go); the runtime exits retries_exhausted (AbortJob) at the
+    failed run beyond maxRetries (trainstack_runtime/crashes.py)."""
+    max_retry = volcano_max_retry(retries, preemptions)
+    runs, retry_count, failed = 1, 0, 0
+    while True:
+        cause = causes[min(runs - 1, len(causes) - 1)]
+        if cause == "f":
+            failed += 1
+            if failed > retries:
+                return runs, "Aborted"  # the runtime's verdict: 6 -> AbortJob
         retry_count += 1  # running -> Restarting
-        if retry_count >= max_retry:  # restarting -> Failed
-            break
+        if retry_count >= max_retry:
+            return runs, "Failed"  # restarting -> Failed
         runs += 1  # restarting -> Pending -> Running
-    assert runs == 1 + retries
+
+
+@pytest.mark.parametrize("retries", [1, 2, 3, 100])
+def test_max_retries_means_failed_runs_after_the_first(retries: int) -> None:
+    """Issue 15 #7, issue 40 #5; the e2e scenarios in tests/e2e/test_lifecycle.py show
+    Volcano's side of it."""
+    assert _runs(retries, 100, "f") == (1 + retries, "Aborted")
+    # Preemptions in between do not spend the failure budget (they used to: issue 40 #5).
+    assert _runs(retries, 100, "fp" * 200) == (2 * retries + 1, "Aborted")
+    assert _runs(retries, 10, "p" * 10 + "f") == (10 + retries + 1, "Aborted")
+
+
+@pytest.mark.parametrize("preemptions", [0, 1, 10, 1000])
+def test_max_preemptions_is_a_ceiling_on_other_restarts(preemptions: int) -> None:
+    """A job preempted (or restarted with no verdict) for ever stops at Volcano's maxRetry:
+    maxPreemptions restarts beyond the failure budget still unspent."""
+    assert _runs(3, preemptions, "p") == (1 + 3 + preemptions, "Failed")
+    assert _runs(1, preemptions, "fp") == (1 + 1 + preemptions, "Failed")
+
+
+def test_the_runtime_knows_its_budget_and_its_run(view: PlatformView) -> None:
+    spec = dataclasses.replace(load_job(DEMO), max_retries=7, max_preemptions=20)
+    manifest = job(spec, view)
+    assert manifest["spec"]["maxRetry"] == 28
+    for task in manifest["spec"]["tasks"]:
+        env = {e["name"]: e for e in task["template"]["spec"]["containers"][0]["env"]}
+        assert env["TRAINSTACK_MAX_FAILURES"]["value"] == "7"
+        # Volcano v1.15.1 createJobPod stamps the retry count on every pod it creates.
+        assert env["TRAINSTACK_JOB_RETRY"]["valueFrom"] == {
+            "fieldRef": {"fieldPath": "metadata.annotations['volcano.sh/job-retry-count']"}
+        }
 
 
 def test_devices_and_env_come_from_the_pools_fabric(view: PlatformView) -> None:

@@ -66,6 +66,7 @@ def volcano_env(manifest: dict[str, Any], task: dict[str, Any], index: int) -> d
     annotations = {  # the job controller's (job_controller_util.go createJobPod)
         "scheduling.k8s.io/group-name": f"{job}-{JOB_UID}",
         "volcano.sh/task-index": str(index),
+        "volcano.sh/job-retry-count": "0",
     }
     env: dict[str, str] = {}
     for e in task["template"]["spec"]["containers"][0]["env"]:

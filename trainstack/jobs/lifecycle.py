@@ -39,7 +39,7 @@ def lifecycle_policies() -> list[dict[str, Any]]:
       updatePod reads containerStatuses[0] only). Without this policy the job's default
       action is SyncJob, which does not recreate the pod (restartPolicy Never): a
       single-pod job failed, a gang waited for its peers to fail. Restarting is bounded by
-      maxRetries, and fatal codes are matched first.
+      volcano_max_retry, and fatal codes are matched first.
     """
     policies: list[dict[str, Any]] = [
         {"exitCode": code, "action": action} for code, action in sorted(EXIT_ACTIONS.items())
@@ -49,17 +49,19 @@ def lifecycle_policies() -> list[dict[str, Any]]:
     return policies
 
 
-def volcano_max_retry(retries: int) -> int:
-    """Volcano's `maxRetry` that gives `retries` restarts after the first run.
+def volcano_max_retry(retries: int, preemptions: int) -> int:
+    """Volcano's `maxRetry`: room for `retries` failed runs and `preemptions` other restarts.
 
     A RestartJob counts one (state/running.go: `status.RetryCount++`) and the restarting
     state fails the job once `RetryCount >= maxRetry` (state/restarting.go, Volcano v1.15.1),
     so `maxRetry: N` allows N-1 restarts. Every RestartJob counts, whatever caused it: an exit
-    code, a `PodEvicted` (preemption, reclaim, node drain) or the peers of an evicted pod
-    exiting `peer_lost`. Volcano has no restart that does not count, so preemptions use up
-    retries too (docs/jobs.md).
+    code, a `PodEvicted` (preemption, reclaim, node drain) or the peers of an evicted pod.
+    Volcano has no restart that does not count, so `maxRetries` is the runtime's to keep: it
+    counts failed runs itself and exits `retries_exhausted` (6 -> AbortJob) after `retries`
+    of them (trainstack_runtime/crashes.py); preempted runs do not count there. Volcano's
+    count is then a ceiling on all restarts: `retries` failures and `preemptions` more.
     """
-    return retries + 1
+    return retries + preemptions + 1
 
 
 # What Volcano's webhook lets an update of a Job change: everything else under `spec` is

@@ -254,6 +254,7 @@ def _env(spec: JobSpec, view: PlatformView, nproc: int, *, gpu: bool) -> list[di
         contract.ENV_CHECKPOINT_INTERVAL_S: str(spec.checkpoint.interval_seconds),
         contract.ENV_CHECKPOINT_KEEP: str(spec.checkpoint.keep),
         contract.ENV_MAX_DURATION_S: str(spec.max_duration_seconds),
+        contract.ENV_MAX_FAILURES: str(spec.max_retries),  # the runtime's own failure count
         contract.ENV_SHUTDOWN_TIMEOUT_S: str(max(spec.checkpoint.grace_seconds - 30, 10)),
         contract.ENV_NPROC_PER_NODE: str(nproc),
         # The runtime's node ranks: this task's pods first, then the workers (topology.py
@@ -403,6 +404,7 @@ def _pod(
             *_env(spec, view, nproc, gpu=role != PS),
             {"name": "TRAINSTACK_ROLE", "value": role},
             copy.deepcopy(INSTANCE_ENV),
+            copy.deepcopy(INCARNATION_ENV),
         ],
         "resources": _resources(requests, limits),
         "ports": [{"name": "metrics", "containerPort": contract.HEALTH_PORT_DEFAULT}],
@@ -465,6 +467,15 @@ PODGROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 INSTANCE_ENV: dict[str, Any] = {
     "name": contract.ENV_JOB_INSTANCE,
     "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{PODGROUP_ANNOTATION}']"}},
+}
+# Volcano stamps each pod with the job's retry count when it created it (v1.15.1
+# job_controller_util.go createJobPod, batch.JobRetryCountKey): the same for all pods of one
+# run, one more after each RestartJob (state/running.go). The runtime counts a failed run once
+# by it, and never a preempted one (trainstack_runtime/crashes.py).
+RETRY_COUNT_ANNOTATION = "volcano.sh/job-retry-count"
+INCARNATION_ENV: dict[str, Any] = {
+    "name": contract.ENV_JOB_RETRY,
+    "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{RETRY_COUNT_ANNOTATION}']"}},
 }
 # Pod Security `restricted` (k8s.io/pod-security-admission v0.37.2 policy/
 # check_runAsNonRoot.go, check_runAsUser.go, check_seccompProfile_restricted.go,
@@ -565,7 +576,7 @@ def job_spec(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -
         "queue": view.scheduling(spec.team).get("queue", spec.team),
         "priorityClassName": priority_class_name(spec.priority),
         "minAvailable": sum(t["replicas"] for t in tasks),  # gang: all or nothing
-        "maxRetry": volcano_max_retry(spec.max_retries),
+        "maxRetry": volcano_max_retry(spec.max_retries, spec.max_preemptions),
         "plugins": plugins,
         "policies": policies,
         "tasks": tasks,

@@ -107,6 +107,7 @@ class JobSpec:
     max_duration_hours: float
     priority: str
     max_retries: int
+    max_preemptions: int
     env: tuple[tuple[str, str], ...]
     topology: Topology | None
     source: str
@@ -359,6 +360,7 @@ def build(doc: Mapping[str, Any], source: str) -> JobSpec:
         max_duration_hours=spec["maxDurationHours"],
         priority=spec["priority"],
         max_retries=spec["retry"]["maxRetries"],
+        max_preemptions=spec["retry"]["maxPreemptions"],
         env=tuple(sorted(spec["env"].items())),
         topology=Topology(mode=topology["mode"], tier=topology["tier"]) if topology else None,
         source=source,

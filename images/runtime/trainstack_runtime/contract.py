@@ -30,6 +30,7 @@ class ExitCode(IntEnum):
     DEADLINE_EXCEEDED = 4  # the job's maximum duration passed: checkpointed, do not retry
     CRASH = 205  # SIGSEGV/SIGBUS, illegal memory access, launch failure: retried, a few times
     CRASH_LOOP = 5  # crashed again without a new checkpoint, beyond the limit: do not retry
+    RETRIES_EXHAUSTED = 6  # failed in more incarnations than the job's maxRetries: do not retry
 
 
 RETRYABLE: Final[frozenset[ExitCode]] = frozenset(
@@ -50,6 +51,7 @@ FATAL: Final[frozenset[ExitCode]] = frozenset(
         ExitCode.DEVICE_OOM,
         ExitCode.DEADLINE_EXCEEDED,
         ExitCode.CRASH_LOOP,
+        ExitCode.RETRIES_EXHAUSTED,
     }
 )
 
@@ -68,6 +70,7 @@ EXIT_CLASS: Final[dict[ExitCode, str]] = {
     ExitCode.DEADLINE_EXCEEDED: "deadline_exceeded",
     ExitCode.CRASH: "crash",
     ExitCode.CRASH_LOOP: "crash_loop",
+    ExitCode.RETRIES_EXHAUSTED: "retries_exhausted",
 }
 
 # Codes after which the node itself is suspect (the job layer may cordon it).
@@ -134,6 +137,12 @@ ENV_FAULT: Final = "TRAINSTACK_FAULT"  # chaos testing only, see faults.py
 # The node's GPU health, Prometheus text (dcgm-exporter's /metrics): an http(s) URL or a file.
 ENV_GPU_EVIDENCE: Final = "TRAINSTACK_GPU_EVIDENCE"
 ENV_MAX_CRASHES: Final = "TRAINSTACK_MAX_CRASHES"  # crash retries without a new checkpoint
+# The job's failure budget (its maxRetries): incarnations that may fail before the runtime
+# exits retries_exhausted; preemptions do not count (docs/jobs.md, "Retries and preemption").
+ENV_MAX_FAILURES: Final = "TRAINSTACK_MAX_FAILURES"
+# This pod's incarnation: Volcano's retry count when it created the pod, the same for every
+# pod of one run of the job (annotation volcano.sh/job-retry-count, via the downward API).
+ENV_JOB_RETRY: Final = "TRAINSTACK_JOB_RETRY"
 
 # --- Prometheus metrics served on /metrics (all gauges/counters carry a `rank` label) ----
 METRIC_PREFIX: Final = "trainstack_"

@@ -185,6 +185,7 @@ _PRIORITY: tuple[ExitCode, ...] = (
     ExitCode.CONFIG_ERROR,
     ExitCode.DEVICE_OOM,
     ExitCode.CRASH_LOOP,
+    ExitCode.RETRIES_EXHAUSTED,
     ExitCode.USER_ERROR,
     ExitCode.HARDWARE,
     ExitCode.CRASH,

@@ -34,8 +34,10 @@ from .contract import (
     CHECKPOINT_DIR_DEFAULT,
     ENV_CHECKPOINT_DIR,
     ENV_JOB_INSTANCE,
+    ENV_JOB_RETRY,
     ENV_MAX_CRASHES,
     ENV_MAX_DURATION_S,
+    ENV_MAX_FAILURES,
     ENV_MAX_RESTARTS,
     ENV_RUN_DIR,
     ENV_SHUTDOWN_TIMEOUT_S,
@@ -45,8 +47,9 @@ from .contract import (
     SHUTDOWN_TIMEOUT_S_DEFAULT,
     TERMINATION_LOG_DEFAULT,
     ExitCode,
+    is_retryable,
 )
-from .crashes import record_crash
+from .crashes import record_crash, record_failure
 from .deadline import DeadlineWatch, job_start
 from .exitcodes import ConfigError, Outcome, classify_failures, classify_text
 from .health import (
@@ -119,28 +122,59 @@ EVIDENCE_OVERRIDES = frozenset(
 
 
 def judge(outcome: Outcome, before: evidence.GpuHealth | None, run_dir: Path) -> Outcome:
-    """The workers' verdict, revised by the node's GPU evidence and the crash budget."""
+    """The workers' verdict, revised by the node's GPU evidence and the restart budgets."""
     if outcome.code in EVIDENCE_OVERRIDES:
         reason = evidence.hardware_evidence(before, evidence.read())
         if reason:
             cause = f"node evidence: {reason}; workers: {outcome.cause}"
-            return Outcome(ExitCode.HARDWARE, outcome.ranks, cause)
+            outcome = Outcome(ExitCode.HARDWARE, outcome.ranks, cause)
     if outcome.code is ExitCode.CRASH:
-        limit = _env_int(ENV_MAX_CRASHES, MAX_CRASHES_DEFAULT)
-        steps = [r.get("last_ckpt_step") for r in read_records(progress_dir(run_dir))]
-        committed = max((s for s in steps if isinstance(s, int) and s > 0), default=None)
-        try:
-            count = record_crash(checkpoint_root(), os.environ.get(ENV_JOB_INSTANCE), committed)
-        except OSError as err:
-            log.warning("crash not counted: %s", err)
-            return outcome
-        if count > limit:
-            cause = (
-                f"crashed {count} times without a new checkpoint ({ENV_MAX_CRASHES}={limit}): "
-                f"{outcome.cause}"
-            )
-            return Outcome(ExitCode.CRASH_LOOP, outcome.ranks, cause)
+        outcome = _crash_budget(outcome, run_dir)
+    return _failure_budget(outcome)
+
+
+def _crash_budget(outcome: Outcome, run_dir: Path) -> Outcome:
+    limit = _env_int(ENV_MAX_CRASHES, MAX_CRASHES_DEFAULT)
+    steps = [r.get("last_ckpt_step") for r in read_records(progress_dir(run_dir))]
+    committed = max((s for s in steps if isinstance(s, int) and s > 0), default=None)
+    try:
+        count = record_crash(checkpoint_root(), os.environ.get(ENV_JOB_INSTANCE), committed)
+    except OSError as err:
+        log.warning("crash not counted: %s", err)
+        return outcome
+    if count > limit:
+        cause = (
+            f"crashed {count} times without a new checkpoint ({ENV_MAX_CRASHES}={limit}): "
+            f"{outcome.cause}"
+        )
+        return Outcome(ExitCode.CRASH_LOOP, outcome.ranks, cause)
     return outcome
+
+
+def _failure_budget(outcome: Outcome) -> Outcome:
+    """A retryable failure counts against the job's maxRetries, once per incarnation; a
+    preemption never does (crashes.py). Without both variables (a pod not rendered by
+    trainstack, a run outside Volcano) Volcano's own maxRetry is the only bound."""
+    if outcome.code is ExitCode.PREEMPTED or not is_retryable(outcome.code):
+        return outcome
+    limit = _env_int(ENV_MAX_FAILURES, -1)
+    incarnation = _env_int(ENV_JOB_RETRY, -1)
+    if limit < 0 or incarnation < 0:
+        return outcome
+    try:
+        failed = record_failure(checkpoint_root(), os.environ.get(ENV_JOB_INSTANCE), incarnation)
+    except OSError as err:
+        log.warning("failure not counted: %s", err)
+        return outcome
+    if len(failed) <= limit:
+        return outcome
+    counts = ", ".join(map(str, failed))
+    cause = (
+        f"failed in {len(failed)} runs of the job (Volcano retry counts {counts}), "
+        f"more than its maxRetries ({ENV_MAX_FAILURES}={limit}); preemptions do not count: "
+        f"{outcome.cause}"
+    )
+    return Outcome(ExitCode.RETRIES_EXHAUSTED, outcome.ranks, cause)
 
 
 def launch_config(plan: NodePlan, *, max_restarts: int, shutdown_timeout: int) -> LaunchConfig:
@@ -320,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         if issue := memlock_issue(os.environ):
             raise ConfigError(issue)
         run_dir = prepare_pod(plan, max_restarts)
-        _env_int(ENV_MAX_CRASHES, MAX_CRASHES_DEFAULT)  # a bad value stops the pod now
+        for name in (ENV_MAX_CRASHES, ENV_MAX_FAILURES, ENV_JOB_RETRY):
+            _env_int(name, 0)  # a bad value stops the pod now
         gpu_health = evidence.read()
     except (ConfigError, TopologyError) as err:
         return refuse(Outcome(ExitCode.CONFIG_ERROR, cause=str(err)))
