@@ -3,8 +3,10 @@
 DCP writes each replicated tensor from one rank (``dedup_save_plans``,
 torch/distributed/checkpoint/_dedup_save_plans.py), but the runtime staged the whole state on
 every rank first: with DDP each rank copied the full model and optimizer to host memory to
-write half of it. From the second save on (the first compares replicated tensors across ranks)
-each rank stages only the tensors ``writers`` assigns to it.
+write half of it. Each rank stages only the tensors ``writers`` assigns to it, from the first
+save on: the first save's comparison of replicated tensors across ranks hashes the live tensors
+a chunk at a time instead of staging all of them (issue 40 #6: the first save held local ranks
+x the whole state in host memory).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ if HAVE_TORCH:
         step_dir_name,
     )
     from trainstack_runtime.ckptfiles import MANIFEST
-    from trainstack_runtime.ckptshare import _nbytes, own_share, writers
+    from trainstack_runtime.ckptshare import _digest, _nbytes, own_share, writers
 
 
 @given(
@@ -73,10 +75,40 @@ def test_dropping_keeps_names_and_leaves_lists_whole() -> None:
     assert own_share(tree, lambda _: False)["groups"] == [{"lr": 0.1}]
 
 
+@given(chunk=st.integers(1, 4096), flip=st.integers(0, 10_000))
+def test_the_digest_does_not_depend_on_its_chunks_and_sees_every_byte(
+    chunk: int, flip: int
+) -> None:
+    """The first save's digest reads live tensors a chunk at a time (issue 40 #6): any chunk
+    size gives the same value, a non-contiguous or bf16 tensor included, and a change of one
+    byte anywhere, or of a name, changes it; skipped names (buffers) do not."""
+    gen = torch.Generator().manual_seed(7)
+    tree: dict[str, Any] = {
+        "model": {
+            "w": torch.randn(40, 30, generator=gen).t(),  # not contiguous
+            "h": torch.randn(999, generator=gen).to(torch.bfloat16),
+            "bn": torch.randn(5, generator=gen),
+        },
+        "optim": {"state": {0: {"exp_avg": torch.randn(77, generator=gen), "step": 3}}},
+    }
+    skip = frozenset({"model.bn"})
+    whole = _digest(tree, skip, chunk=1 << 30)
+    assert _digest(tree, skip, chunk=chunk) == whole
+    tree["model"]["bn"].add_(1)  # skipped: buffers are not compared
+    assert _digest(tree, skip, chunk=chunk) == whole
+    raw = tree["model"]["h"].view(torch.uint8)
+    raw[flip % raw.numel()] ^= 1
+    assert _digest(tree, skip, chunk=chunk) != whole
+    raw[flip % raw.numel()] ^= 1
+    tree["optim"]["state"][0]["exp_avg2"] = tree["optim"]["state"][0].pop("exp_avg")
+    assert _digest(tree, skip, chunk=chunk) != whole
+
+
 def _worker(rank: int, root: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=2)
     staged: list[int] = []
+    held: list[int] = []  # after each save: the stager's host copies
     original = DefaultStager.stage
 
     def record(self: DefaultStager, tree: Any, **kw: Any) -> Any:
@@ -94,14 +126,14 @@ def _worker(rank: int, root: str) -> None:
             model(torch.randn(4, 256)).sum().backward()
             opt.step()
             mgr.save(step, TrainState(model, opt), blocking=True)
-        # What the stager keeps between saves: its host copies, keyed by the live storage.
-        held = _stager_bytes(mgr)
+            # What the stager keeps between saves: its host copies, keyed by the live storage.
+            held.append(_stager_bytes(mgr))
         mgr.close()
         if rank == 0:
             torch.save((model.module.state_dict(), opt.state_dict()), Path(root, "expected.pt"))
     finally:
         Path(root, f"staged-{rank}").write_text(json.dumps(staged))
-        Path(root, f"held-{rank}").write_text(json.dumps(held if "held" in locals() else -1))
+        Path(root, f"held-{rank}").write_text(json.dumps(held))
         dist.destroy_process_group()
 
 
@@ -116,20 +148,19 @@ def _model() -> torch.nn.Sequential:
     return torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(6)))
 
 
-def test_ddp_ranks_stage_their_share_after_the_first_save(tmp_path: Path) -> None:
+def test_ddp_ranks_stage_their_share_from_the_first_save(tmp_path: Path) -> None:
     start_processes(  # type: ignore[no-untyped-call]
         _worker, args=(str(tmp_path),), nprocs=2, join=True, start_method="spawn"
     )
     staged = [json.loads((tmp_path / f"staged-{r}").read_text()) for r in (0, 1)]
-    full = staged[0][0]
-    assert staged[1][0] == full  # the first save compares every replicated tensor
-    for later in (1, 2):
-        assert staged[0][later] + staged[1][later] == full  # then each tensor once
-        assert 0.4 * full < staged[1][later] < 0.6 * full
-    # The first save's full host copies are dropped at the second (a fresh stager): without
-    # that, rank 1 kept the whole model and optimizer in host memory for the job's life.
+    full = staged[0][0] + staged[1][0]
+    for save in (0, 1, 2):  # the first save too: the digest reads the live tensors
+        assert staged[0][save] + staged[1][save] == full  # each tensor once
+        assert 0.4 * full < staged[1][save] < 0.6 * full
+    # The stager never held more than the rank's share: before issue 40 #6 rank 1 held the
+    # whole model and optimizer after the first save (until a fresh stager at the second).
     held = [json.loads((tmp_path / f"held-{r}").read_text()) for r in (0, 1)]
-    assert 0 < held[1] < 0.6 * full, (held, full)
+    assert all(0 < h < 0.6 * full for h in held[1]), (held, full)
     files = json.loads((tmp_path / "ckpt" / step_dir_name(3) / MANIFEST).read_text())["files"]
     assert 0.4 * full < files["__1_0.distcp"]["size"] < 0.6 * full
     # The shares make one whole checkpoint: one process restores exactly what rank 0 had.

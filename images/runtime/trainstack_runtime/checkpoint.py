@@ -244,9 +244,8 @@ class _Job:
     step: int
     staging: Future[Any] | Any
     private_blob: bytes
-    check_replicated: bool
+    digest: int | None  # the first save's, of all replicated tensors: compared across ranks
     rank0_only: frozenset[str]
-    digest_skip: frozenset[str]
     staged: threading.Event = field(default_factory=threading.Event)
     future: Future[None] | None = None
 
@@ -267,7 +266,7 @@ class CheckpointManager:
         self._on_commit = on_commit
         self._faults = Injector(rank, attempt)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt")
-        # One stager for the run (replaced once for replicated state: see save()): it keeps
+        # One stager for the run, handed the same share of the state at every save: it keeps
         # its host copies (pinned with CUDA) and reuses them, so a save allocates no new host
         # memory after the first.
         self._stager = _new_stager()
@@ -467,20 +466,20 @@ class CheckpointManager:
         prefix = "model." if state.replicated else f"{rank_name(self.rank)}.model."
         buffers = frozenset(prefix + key for key in buffer_keys(state.model))
         check_replicated = state.replicated and self._saves == 0 and self._dist()
-        if state.replicated and self._dist() and not check_replicated:
+        digest: int | None = None
+        if check_replicated:
+            # The first save compares every replicated tensor across ranks. Hashed here, on
+            # the live tensors a chunk at a time: staging all of them for it held local ranks
+            # x the whole state in host memory (issue 40 #6), and optimizer.step() cannot
+            # change them before this returns. Buffers are not compared (see _SavePlanner).
+            digest = _digest(tree, buffers)
+        if state.replicated and self._dist():
             # DCP writes each replicated tensor once, from one rank; staging all of them on
             # every rank copied world_size times what is written (DDP: the whole model and
-            # optimizer per rank). From the second save on (the first compares them all
-            # across ranks), each rank stages and writes only its share.
+            # optimizer per rank). Each rank stages and writes only its share, from the
+            # first save on, so the stager's host copies are sized to it.
             owner = writers(tree, self.world_size, buffers)
             tree = own_share(tree, lambda name: owner.get(name, self.rank) == self.rank)
-            if self._saves == 1:
-                # The stager keeps a host copy of every tensor it ever staged (keyed by the
-                # live tensor's storage), so the first save's full copies would stay
-                # allocated: start a fresh one, sized to this rank's share. Nothing is
-                # staging (wait() ran).
-                self._stager.close()
-                self._stager = _new_stager()
         part = tree if state.replicated else tree[rank_name(self.rank)]
         # Forward changes buffers (BatchNorm statistics): copy them now. Parameters and
         # optimizer state change only in optimizer.step(), which waits for the staging.
@@ -499,9 +498,8 @@ class CheckpointManager:
             step=step,
             staging=self._stager.stage(tree),
             private_blob=dumps_private(private),
-            check_replicated=check_replicated,
+            digest=digest,
             rank0_only=buffers if state.replicated else frozenset(),
-            digest_skip=buffers,
         )
         self._saves += 1
         self._job = job
@@ -572,7 +570,7 @@ class CheckpointManager:
         finally:
             job.staged.set()
         t0 = time.perf_counter()
-        if job.check_replicated and not self._same(_digest(staged, job.digest_skip)):
+        if job.digest is not None and not self._same(job.digest):
             raise ConfigError(
                 "TrainState(replicated=True), but the model or optimizer tensors differ "
                 "between ranks (per-rank models, a hand-sharded optimizer): shard with FSDP2 "

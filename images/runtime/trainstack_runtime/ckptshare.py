@@ -1,6 +1,7 @@
 """The ranks' shares of replicated state in a save: which rank writes each plain (non-DTensor)
 tensor, the part of the state each rank stages and hands DCP (and its size), and the digest
-that checks, on the first save, that the ranks' copies are the same.
+that checks, on the first save, that the ranks' copies are the same (taken from the live
+tensors, a chunk at a time, so no rank ever holds a host copy of all of it).
 
 Apart from checkpoint.py (the manager and its commit protocol), which only calls these: functions
 of a state dict and the world size, the same on every rank, and the DCP save planner that leaves
@@ -54,16 +55,29 @@ def _flat_keys(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _digest(tree: dict[str, Any], skip: frozenset[str]) -> int:
-    """Of the plain tensors in a staged tree (not DTensor shards, not ``skip``): 63 bits."""
+# Bytes of one tensor copied to host at a time for the digest: the first save's extra host
+# memory per rank, instead of a full copy of the replicated state (issue 40 #6).
+DIGEST_CHUNK = 64 << 20
+
+
+def _digest(tree: dict[str, Any], skip: frozenset[str], chunk: int = DIGEST_CHUNK) -> int:
+    """Of the plain tensors in a tree (not DTensor shards, not ``skip``): 63 bits.
+
+    Reads live tensors a chunk at a time (a device tensor's chunk is copied to host on the
+    current stream, so after the work that produced it), so hashing the whole replicated
+    state holds one chunk, not a copy of it. xxh3's streaming digest does not depend on how
+    the bytes are chunked, so every rank gets the same value for the same contents."""
     h = xxhash.xxh3_64()
     for key, value in sorted(_flat_keys(tree).items()):
         if key in skip or not _plain(value):
             continue
         h.update(key.encode())
-        host = value.detach().reshape(-1)
-        if host.numel():
-            h.update(host.view(torch.uint8).numpy().data)
+        flat = value.detach().reshape(-1)  # a view, or one tensor's copy if not contiguous
+        if not flat.numel():
+            continue
+        raw = flat.view(torch.uint8)
+        for start in range(0, raw.numel(), chunk):
+            h.update(raw[start : start + chunk].cpu().numpy().data)
     return int.from_bytes(h.digest(), "big") >> 1
 
 
