@@ -153,7 +153,8 @@ def test_messages_print_patterns_and_values_verbatim(tmp_path: Path) -> None:
 
 def test_validate_with_a_stack_gives_the_previews_verdict(tmp_path: Path) -> None:
     """Schema, intrinsic, platform and mandatory policy findings in one report: `validate
-    --stack` no longer says "fits" for a job the preview then refuses."""
+    --stack` no longer says "fits" for a job the preview then refuses, and exits as the
+    preview does: 3 for mandatory policy violations (issue 41 #1: it exited 1)."""
     root = project(tmp_path)
     bad = spec(
         root / "job_specs" / "vision",
@@ -162,7 +163,7 @@ def test_validate_with_a_stack_gives_the_previews_verdict(tmp_path: Path) -> Non
         "demo-train.yaml",
     )
     result = run("validate", "--stack", "vision", str(bad), "--project-dir", str(root))
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 3, result.output
     assert (
         "policy request-limit-ratio: task worker, container trainer: cpu limit/request 4 exceeds 2"
         in result.output

@@ -23,6 +23,7 @@ class InstanceType:
     network_gbps: int
     network_cards: int
     efa_cards: tuple[int, ...]
+    max_pods: int
 
     @property
     def efa_devices(self) -> int:
@@ -36,6 +37,61 @@ class InstanceType:
     @property
     def has_instance_store(self) -> bool:
         return self.nvme_gb > 0
+
+
+# What the EKS AL2023 AMI keeps from pods (awslabs/amazon-eks-ami nodeadm/internal/kubelet/
+# config.go): kubeReserved CPU, 6 % of the first core, 1 % of the second, 0.5 % of the third
+# and fourth, 0.25 % of the rest (getCPUMillicoresToReserve); kubeReserved memory,
+# 11 MiB x maxPods + 255 MiB (getMemoryMebibytesToReserve); evictionHard memory.available
+# 100Mi (defaultKubeletSubConfig); no systemReserved. The kubelet's allocatable is capacity
+# minus kube and system reserved and the hard eviction thresholds (k8s.io/kubernetes v1.37.2
+# pkg/kubelet/cm/node_container_manager_linux.go, GetNodeAllocatableReservation), and the
+# memory of pre-allocated hugepages besides (pkg/kubelet/nodestatus/setters.go, MachineInfo:
+# "for every huge page reservation, we need to remove it from allocatable memory").
+CPU_RESERVE_RANGES = ((0, 1000, 600), (1000, 2000, 100), (2000, 4000, 50), (4000, None, 25))
+EVICTION_HARD_MEMORY_MI = 100
+# A VM's memory capacity (MemTotal) is below its nominal size by what the firmware and kernel
+# keep; Karpenter estimates it as 7.5 % (settings, vmMemoryOverheadPercent, default 0.075).
+VM_MEMORY_OVERHEAD = 0.075
+
+
+@dataclass(frozen=True)
+class Allocatable:
+    """What a node of an instance type offers pods, as the kubelet on the EKS AMI computes it.
+
+    ``cpu_millis`` is exact: capacity is the vCPU count. Memory capacity is MemTotal, which
+    the catalog does not know: ``memory_bytes_at_most`` takes the nominal size (an upper bound:
+    nothing above it can ever fit), ``memory_bytes_estimate`` Karpenter's overhead estimate
+    (what to request to be safe)."""
+
+    cpu_millis: int
+    memory_bytes_at_most: int
+    memory_bytes_estimate: int
+    reserved_cpu_millis: int
+    reserved_memory_mi: int  # kubeReserved + evictionHard + hugepages
+
+
+def kube_reserved_cpu_millis(vcpu: int) -> int:
+    total = vcpu * 1000
+    reserved = 0
+    for start, end, per_10000 in CPU_RESERVE_RANGES:
+        if total > start:
+            reserved += (min(total, end or total) - start) * per_10000 // 10000
+    return reserved
+
+
+def allocatable(instance: InstanceType, hugepages_mi: int = 0) -> Allocatable:
+    cpu_reserved = kube_reserved_cpu_millis(instance.vcpu)
+    memory_reserved_mi = 11 * instance.max_pods + 255 + EVICTION_HARD_MEMORY_MI + hugepages_mi
+    nominal = instance.memory_gib * 2**30
+    reserved = memory_reserved_mi * 2**20
+    return Allocatable(
+        cpu_millis=instance.vcpu * 1000 - cpu_reserved,
+        memory_bytes_at_most=nominal - reserved,
+        memory_bytes_estimate=int(nominal * (1 - VM_MEMORY_OVERHEAD)) - reserved,
+        reserved_cpu_millis=cpu_reserved,
+        reserved_memory_mi=memory_reserved_mi,
+    )
 
 
 class UnknownInstanceTypeError(ValueError):
@@ -79,6 +135,7 @@ def catalog() -> dict[str, InstanceType]:
             network_gbps=e["networkGbps"],
             network_cards=e["networkCards"],
             efa_cards=tuple(e["efaCards"]),
+            max_pods=e["maxPods"],
         )
         for name, e in sorted(entries.items())
     }

@@ -21,18 +21,17 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
-from trainstack import yamlio
-from trainstack.config import ConfigError, ConfigIssue, TeamStackConfig, load_stack_file
+from trainstack.config import ConfigError, ConfigIssue
 from trainstack.config.errors import did_you_mean
 from trainstack.config.loader import stack_name_from_path
 from trainstack.diff.cli import register as _register_diff
 from trainstack.diff.cli import select_changed as _select_changed
-from trainstack.documents import document_kind
 from trainstack.jobs.spec import advice, load_job
 from trainstack.preview import policy_config as policy_files
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan, normalise, write_plan
 from trainstack.preview.summary import capacity_renderables
+from trainstack.preview.validate import Validator
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 1
@@ -290,24 +289,6 @@ def preview(
         raise typer.Exit(EXIT_POLICY_VIOLATION)
 
 
-def _validate_one(
-    path: Path, previewer: Previewer | None, stack: str | None
-) -> tuple[str, list[str]]:
-    """What `path` is, once it passed every check that applies to it (or ConfigError), and
-    what it will not do that its author likely expects (jobs.spec.advice)."""
-    if document_kind(yamlio.read(path), str(path)) == "job":
-        if previewer is not None and stack is not None:
-            # Schema, intrinsic, platform and mandatory policy checks, all in one report.
-            manifest, issues = previewer.job_issues(stack, path)
-            if issues or manifest is None:
-                raise ConfigError(str(path), issues)
-            return f"job {manifest['metadata']['name']}, fits stack {stack}", advice(load_job(path))
-        spec = load_job(path)
-        return f"job {spec.name}", advice(spec)
-    config = load_stack_file(path)
-    return f"{'team' if isinstance(config, TeamStackConfig) else 'platform'} stack", []
-
-
 def print_advice(path: Path, notes: list[str]) -> None:
     """Warnings on stderr, each naming its file, so that stdout stays the result."""
     for note in notes:
@@ -340,37 +321,51 @@ def validate(
     stack: Annotated[
         str | None,
         typer.Option(
-            help="Also check job specs against this team stack's platform and its policies."
+            help="Check job specs against this team stack only (default: every team stack "
+            "whose jobs list them)."
         ),
     ] = None,
     project_dir: Annotated[Path, typer.Option(help=PROJECT_DIR_HELP)] = Path("."),
 ) -> None:
-    """Check stack files and job specs against their schemas and rules; report every error,
-    each once."""
-    failed = False
-    previewer = None
+    """The preview's verdict without writing plans: a stack file of the project is previewed
+    in full (cross-stack references, its jobs, the policy pack), a job spec is checked
+    against the team stacks that list it. Every error once; exit codes as preview's."""
     try:
         paths = expand_files(files)
+        try:
+            previewer: Previewer | None = Previewer(Project.find(project_dir.resolve()))
+        except ConfigError:
+            if stack is not None:
+                raise
+            previewer = None  # no project: schemas and the files' own rules only
         if stack is not None:
-            previewer = Previewer(Project.find(project_dir.resolve()))
+            assert previewer is not None
             stack = stack_names(previewer.project, [stack])[0]
     except ConfigError as err:
         raise _fail(str(err)) from None
+    checker = Validator(previewer, stack)
+    failed = violating = False
     reported: set[str] = set()
     for path in paths:
-        try:
-            what, notes = _validate_one(path, previewer, stack)
-        except (ConfigError, pulumi.RunError) as err:
+        result = checker.file(path)
+        for problem in result.errors:
             failed = True
             # A problem outside the file (the --stack, its platform) once, not once per file.
-            if str(err) not in reported:
-                reported.add(str(err))
-                errors.print(str(err), soft_wrap=True)
-            continue
-        console.print(f"{path}: ok ({what})", soft_wrap=True)
-        print_advice(path, notes)
+            if str(problem) not in reported:
+                reported.add(str(problem))
+                errors.print(str(problem), soft_wrap=True)
+        for line in result.violations:
+            violating = True
+            errors.print(
+                Text.assemble((f"{path}: ", "bold red"), f"mandatory {line}"), soft_wrap=True
+            )
+        if not result.errors and not result.violations:
+            console.print(f"{path}: ok ({result.what})", soft_wrap=True)
+        print_advice(path, result.notes)
     if failed:
         raise typer.Exit(EXIT_USER_ERROR)
+    if violating:
+        raise typer.Exit(EXIT_POLICY_VIOLATION)
 
 
 @app.command("render-job", cls=Command)

@@ -569,23 +569,31 @@ def test_rdma_replicas_request_the_shared_device_and_servers_do_not(
         assert resources["limits"]["rdma/rdma_shared_device_a"] == "1", task["name"]
 
 
+# A p5.48xlarge on the EKS AL2023 AMI (awslabs/amazon-eks-ami nodeadm kubelet/config.go):
+# kubeReserved CPU 60 + 10 + 10 + 0.25 % of 188 cores = 550m; memory 11 x 100 max pods
+# (eni-max-pods.txt) + 255 = 1355Mi, evictionHard 100Mi; the EFA pool's hugepages 8 x 640Mi.
+P5_CPU_M = 192_000 - 550
+P5_MEMORY_MI_AT_MOST = 2048 * 1024 - 1355 - 100 - 5120
+
+
 @pytest.mark.parametrize(
     ("cpu", "memory", "problems"),
     [
-        ("192", "2048Gi", []),  # a p5.48xlarge exactly
-        ("192000m", "2Ti", []),
-        ("193", "2048Gi", ["job.spec.workers.cpu"]),
-        ("192", "2049Gi", ["job.spec.workers.memory"]),
-        ("192001m", "2097153Mi", ["job.spec.workers.cpu", "job.spec.workers.memory"]),
+        (f"{P5_CPU_M}m", f"{P5_MEMORY_MI_AT_MOST}Mi", []),  # all a p5.48xlarge gives pods
+        ("191", "1800Gi", []),
+        (f"{P5_CPU_M + 1}m", "1800Gi", ["job.spec.workers.cpu"]),
+        ("191", f"{P5_MEMORY_MI_AT_MOST * 1024 + 1}Ki", ["job.spec.workers.memory"]),
+        ("192", "2048Gi", ["job.spec.workers.cpu", "job.spec.workers.memory"]),  # the catalog's
     ],
-    ids=["exact", "exact-other-units", "cpu-over", "memory-over", "both-over-in-small-units"],
+    ids=["allocatable", "round", "cpu-over", "memory-over", "catalog-size"],
 )
-def test_a_replica_may_take_a_whole_node_and_no_more(
+def test_a_replica_may_take_what_a_node_gives_pods_and_no_more(
     view: PlatformView, cpu: str, memory: str, problems: list[str]
 ) -> None:
-    """A replica no node can hold keeps the gang pending forever, so it is refused; one that
-    takes a node's every CPU and byte fits (requests are compared with the node's capacity,
-    whatever units they are written in)."""
+    """A replica no node can hold keeps the gang pending forever, so it is refused. A node
+    gives pods its allocatable, not its catalog size: issue 41 #1 found `cpu: "192"`,
+    `memory: 2048Gi` (a whole p5.48xlarge) approved, which the scheduler can never place.
+    Requests compare whatever units they are written in."""
     spec = load_job(DEMO)
     pool = view.pool(spec.pool)
     assert pool is not None
@@ -596,6 +604,23 @@ def test_a_replica_may_take_a_whole_node_and_no_more(
     big = dataclasses.replace(spec, workers=dataclasses.replace(spec.workers, resources=resources))
     found = [i.split(":")[0] for i in issues_of(big, view)]
     assert found == problems
+
+
+def test_the_allocatable_error_gives_the_numbers_and_their_source(view: PlatformView) -> None:
+    spec = load_job(DEMO)
+    resources = dataclasses.replace(spec.workers.resources, cpu="192", memory="2048Gi")
+    big = dataclasses.replace(spec, workers=dataclasses.replace(spec.workers, resources=resources))
+    assert issues_of(big, view) == [
+        "job.spec.workers.cpu: 192 CPUs per replica, but a p5.48xlarge node gives pods at most "
+        f"{P5_CPU_M}m of its 192 vCPUs (the EKS AMI's kubelet reserves 550m CPU and 6575Mi "
+        "memory, hugepages and eviction threshold included; docs/jobs.md, Node allocatable); "
+        f"request at most {P5_CPU_M}m, less what the node's daemons request",
+        "job.spec.workers.memory: 2048Gi per replica, but a p5.48xlarge node gives pods less "
+        f"than {P5_MEMORY_MI_AT_MOST}Mi of its 2048Gi (the EKS AMI's kubelet reserves 550m CPU "
+        "and 6575Mi memory, hugepages and eviction threshold included; docs/jobs.md, Node "
+        "allocatable); request at most 1887Gi (Karpenter's estimate of the memory the kernel "
+        "leaves)",
+    ]
 
 
 def test_gpu_pods_read_their_own_nodes_gpu_evidence(view: PlatformView) -> None:

@@ -17,7 +17,7 @@ from trainstack.builders.cache import cache_source_issue
 from trainstack.builders.pools import GPU_TOLERATION, TRAINING_UID
 from trainstack.builders.scheduling import SVC_PLUGIN_ARGS, priority_class_name
 from trainstack.builders.storage import CACHE_DRIVER, CHECKPOINTS_MOUNT
-from trainstack.catalog import catalog
+from trainstack.catalog import allocatable, catalog
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean
 from trainstack.contracts import runtime as contract
 from trainstack.jobs.lifecycle import TASK_MAX_RETRY, lifecycle_policies, volcano_max_retry
@@ -100,19 +100,32 @@ def _shape_issues(spec: JobSpec, pool: Mapping[str, Any]) -> list[ConfigIssue]:
     tasks = [("workers", spec.workers.resources)]
     if spec.parameter_servers is not None:
         tasks.append(("parameterServers", spec.parameter_servers.resources))
+    # Against what the kubelet gives pods, not the catalog's size: the EKS AMI reserves CPU
+    # and memory for the kubelet and the EFA hugepages leave memory (catalog.allocatable).
+    fit = allocatable(node, profile(pool).hugepages_mi_per_node)
+    reserved = (
+        f"(the EKS AMI's kubelet reserves {fit.reserved_cpu_millis}m CPU and "
+        f"{fit.reserved_memory_mi}Mi memory, hugepages and eviction threshold included; "
+        "docs/jobs.md, Node allocatable)"
+    )
     for task, res in tasks:
-        if cpu_millis(res.cpu) > node.vcpu * 1000:
+        if cpu_millis(res.cpu) > fit.cpu_millis:
             issues.append(
                 ConfigIssue(
                     f"job.spec.{task}.cpu",
-                    f"{res.cpu} CPUs per replica, but a {node.name} node has {node.vcpu}",
+                    f"{res.cpu} CPUs per replica, but a {node.name} node gives pods at most "
+                    f"{fit.cpu_millis}m of its {node.vcpu} vCPUs {reserved}; request at most "
+                    f"{fit.cpu_millis}m, less what the node's daemons request",
                 )
             )
-        if memory_bytes(res.memory) > node.memory_gib * 2**30:
+        if memory_bytes(res.memory) > fit.memory_bytes_at_most:
             issues.append(
                 ConfigIssue(
                     f"job.spec.{task}.memory",
-                    f"{res.memory} per replica, but a {node.name} node has {node.memory_gib}Gi",
+                    f"{res.memory} per replica, but a {node.name} node gives pods less than "
+                    f"{fit.memory_bytes_at_most // 2**20}Mi of its {node.memory_gib}Gi "
+                    f"{reserved}; request at most {fit.memory_bytes_estimate // 2**30}Gi "
+                    "(Karpenter's estimate of the memory the kernel leaves)",
                 )
             )
     return issues

@@ -154,17 +154,18 @@ class Previewer:
     def render_job(self, stack: str, spec_path: Path) -> dict[str, Any]:
         """The Volcano Job a team stack would create for one spec (`trainstack render-job`),
         or one ConfigError with every problem: schema, intrinsic, platform and policy."""
-        manifest, issues = self.job_issues(stack, spec_path)
-        if issues or manifest is None:
-            raise ConfigError(str(spec_path), issues)
+        manifest, issues, policy = self.job_issues(stack, spec_path)
+        if issues or policy or manifest is None:
+            raise ConfigError(str(spec_path), [*issues, *policy])
         return manifest
 
     def job_issues(
         self, stack: str, spec_path: Path
-    ) -> tuple[dict[str, Any] | None, list[ConfigIssue]]:
+    ) -> tuple[dict[str, Any] | None, list[ConfigIssue], list[ConfigIssue]]:
         """One spec against a team stack's platform, in one pass: the rendered Job (None if it
-        cannot be rendered) and every problem the preview would report for it, the
-        mandatory policy rules included, so `validate --stack` and the preview agree."""
+        cannot be rendered), every config problem the preview would report for it, and the
+        mandatory policy rules it breaks (apart: the preview's exit code for them is 3), so
+        `validate` and the preview agree."""
         config, _ = self.load(stack)
         if not isinstance(config, TeamStackConfig):
             raise ConfigError(
@@ -174,11 +175,11 @@ class Previewer:
         platform_plan = self._platform_for(config)
         spec, issues = parse_job(spec_path)
         if spec is None:
-            return None, issues
+            return None, issues, []
         view = PlatformView(platform_plan.outputs)
         found = platform_issues(spec, view, config.team)
         if found:
-            return None, [*issues, *found]
+            return None, [*issues, *found], []
         manifest = render(spec, view, config.team)
         platform, _ = self.load(config.platform_stack_name)
         assert isinstance(platform, PlatformConfig)
@@ -188,11 +189,13 @@ class Previewer:
         # Each finding names the spec field it comes from; a field that already has an error
         # (an unpinned image, say) is not reported twice.
         named = {issue.path for issue in issues}
-        for v in violations:
-            field = POLICY_FIELDS.get(v.rule, "job.spec")
-            if v.level == "mandatory" and field not in named:
-                issues.append(ConfigIssue(field, f"policy {v.rule}: {v.message}"))
-        return manifest, issues
+        policy = [
+            ConfigIssue(field, f"policy {v.rule}: {v.message}")
+            for v in violations
+            if v.level == "mandatory"
+            and (field := POLICY_FIELDS.get(v.rule, "job.spec")) not in named
+        ]
+        return manifest, issues, policy
 
     def _platform_for(self, config: TeamStackConfig) -> Plan:
         org, project, name = config.platform_stack.split("/")
