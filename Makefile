@@ -127,7 +127,7 @@ mutation: setup
 # The CrossGuard pack's --policy-pack-config files, policies/config/<stack>.json, from the stack
 # files (docs/policies.md); `make test` fails while a checked-in one is stale.
 ## write the CrossGuard pack's policies/config/<stack>.json
-policy-config: setup
+policy-config: setup-preview
 	$(BIN)/trainstack policy-config
 
 ## rewrite tests/goldens/ after a deliberate plan change

@@ -20,7 +20,8 @@ EXPECTED = "a stack file (a config: map) or a job spec (kind: TrainingJob)"
 
 
 def project(tmp_path: Path) -> Path:
-    """The real program with the prod platform, the vision team stack and its job specs."""
+    """The real program with the prod platform, the vision team stack, its job specs and the
+    policy pack's config files."""
     root = tmp_path / "project"
     root.mkdir()
     for name in ("Pulumi.yaml", "__main__.py"):
@@ -29,6 +30,10 @@ def project(tmp_path: Path) -> Path:
     for stack in ("prod", "vision"):
         shutil.copy(STACKS / f"Pulumi.{stack}.yaml", root / "stacks" / f"Pulumi.{stack}.yaml")
     shutil.copytree(ROOT / "job_specs", root / "job_specs")
+    (root / "policies" / "config").mkdir(parents=True)
+    for stack in ("prod", "vision"):  # the CrossGuard pack's config, generated from them
+        name = f"{stack}.json"
+        shutil.copy(ROOT / "policies" / "config" / name, root / "policies" / "config" / name)
     return root
 
 
@@ -183,8 +188,10 @@ def test_every_error_of_a_job_in_one_pass(tmp_path: Path) -> None:
     result = run("validate", "--stack", "vision", str(bad), "--project-dir", str(root))
     assert result.exit_code == 1
     assert "3 config errors" in result.output
-    for field in ("job.spec.image", "job.spec.maxDurationHours", "job.spec.workers.gpus"):
-        assert f"  - {field}: " in result.output
+    # Each with the line it points at (issue 41 #4: schema errors had none).
+    for line, field in ((9, "job.spec.image"), (26, "job.spec.maxDurationHours"),
+                        (15, "job.spec.workers.gpus")):  # fmt: skip
+        assert f"  - line {line}: {field}: " in result.output
 
 
 def test_a_missing_platform_stack_names_the_team_stack_and_its_field(tmp_path: Path) -> None:
@@ -210,5 +217,6 @@ def test_line_numbers_and_keys_are_not_read_as_emoji_codes(tmp_path: Path) -> No
     path.write_text("config:\n  trainstack:tea: {}\n")
     result = run("validate", str(path))
     assert (
-        "  - trainstack:tea: unknown config key (did you mean 'trainstack:team'?)" in result.output
+        "  - line 2: trainstack:tea: unknown config key (did you mean 'trainstack:team'?)"
+        in result.output
     )

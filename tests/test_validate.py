@@ -134,3 +134,88 @@ def test_a_spec_no_team_stack_lists_says_what_it_was_checked_against(tmp_path: P
         f"{path}: ok (job demo-train; no team stack lists it: schema and its own rules only "
         "(name one with --stack))"
     ) in " ".join(result.output.split())
+
+
+def test_a_stale_policy_pack_config_is_named_by_validate_and_rewritten_by_preview(
+    tmp_path: Path,
+) -> None:
+    """Issue 41 #2: after a platform edit, policies/config/prod.json kept the old settings and
+    nothing said so; the real CrossGuard run then judged by them. Validate names it with the
+    fix; preview writes it (no torch needed: `make policy-config` sets up the platform only)."""
+    root = project(tmp_path)
+    prod = root / "stacks" / "Pulumi.prod.yaml"
+    _edit(
+        prod,
+        "          pools: [h200-burst]\n",
+        "          pools: [h200-burst]\n          maxJobHours: 48\n",
+    )
+    result = run("validate", str(prod), "--project-dir", str(root))
+    assert result.exit_code == 1, result.output
+    assert (
+        "policies/config/prod.json: missing or stale: the policy pack (`pulumi preview "
+        "--policy-pack policies`) would judge by other settings than this stack file's; run "
+        "`trainstack policy-config prod` (`trainstack preview prod` writes it too)"
+    ) in " ".join(result.output.split())
+    preview = run("preview", "prod", "--project-dir", str(root), "--out", str(tmp_path / "o"))
+    assert preview.exit_code == 0, preview.output
+    assert "policy pack config: wrote " in preview.output
+    assert run("validate", str(prod), "--project-dir", str(root)).exit_code == 0
+    again = run("preview", "prod", "--project-dir", str(root), "--out", str(tmp_path / "o"))
+    assert "policy pack config" not in again.output  # written only when it changes
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "lines"),
+    [
+        pytest.param(
+            "  maxDurationHours: 24\n",
+            "  maxDurationHour: 24\n",
+            [
+                "job_specs/vision/demo-train.yaml: 1 config error:",
+                "  - line 26: job.spec.maxDurationHour: unknown key (did you mean "
+                "'maxDurationHours'? it is required)",
+            ],
+            id="typo-of-a-required-key-once",
+        ),
+        pytest.param(
+            "    replicas: 2\n    gpus: 1\n",
+            "    replicas: 4\n    gpus: 16\n",
+            [
+                "job_specs/vision/demo-train.yaml: 1 config error:",
+                "  - line 15: job.spec.workers.gpus: pool h100-reserved: 16 GPUs per replica does "
+                "not divide a 8-GPU node; use one of 1, 2, 4, 8",
+            ],
+            id="gpus-cause-alone",
+        ),
+        pytest.param(
+            "  maxDurationHours: 24\n",
+            "  maxDurationHours: 500\n",
+            [
+                "job_specs/vision/demo-train.yaml: 1 config error:",
+                "  - line 26: job.spec.maxDurationHours: 500 hours exceeds team vision's maximum "
+                "of 168 (maxJobHours of vision in the platform stack's registry, default 168); "
+                "set at most 168, or ask the platform team to raise it",
+            ],
+            id="limit-and-where-it-is-set",
+        ),
+    ],
+)
+def test_errors_name_the_cause_once_with_the_limit_and_a_relative_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str, lines: list[str]
+) -> None:
+    """Issue 41 #4: a misspelt required key was two errors, `gpus: 16` led with a derived
+    capability error, a team maximum did not say where it is set, no error had a line number,
+    and the preview named files by absolute path where validate used the path given."""
+    root = project(tmp_path)
+    path = root / "job_specs" / "vision" / "demo-train.yaml"
+    _edit(path, old, new)
+    monkeypatch.chdir(root)
+    result = run("validate", "job_specs/vision/demo-train.yaml")
+    assert result.exit_code == 1
+    assert result.output.splitlines() == lines
+    preview = run("preview", "vision", "--out", str(tmp_path / "o"))
+    assert preview.exit_code == 1
+    assert str(root) not in preview.output
+    # The team stack's preview names the spec and the same line.
+    assert lines[1].removeprefix("  - line ").split(": ", 1)[1] in " ".join(preview.output.split())
+    assert "job_specs/vision/demo-train.yaml: " in preview.output

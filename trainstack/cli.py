@@ -23,6 +23,7 @@ from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from trainstack.config import ConfigError, ConfigIssue
 from trainstack.config.errors import did_you_mean
+from trainstack.config.lines import with_lines
 from trainstack.config.loader import stack_name_from_path
 from trainstack.diff.cli import register as _register_diff
 from trainstack.diff.cli import select_changed as _select_changed
@@ -32,6 +33,7 @@ from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan, normalise, write_plan
 from trainstack.preview.summary import capacity_renderables
 from trainstack.preview.validate import Validator
+from trainstack.yamlio import YamlSyntaxError
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 1
@@ -95,8 +97,23 @@ console = Console(highlight=False, markup=False, emoji=False)
 errors = Console(stderr=True, highlight=False, markup=False, emoji=False)
 
 
+def relative(text: str) -> str:
+    """Paths in a message as the user can use them from here: the preview named files by
+    their absolute path, validate as given (issue 41 #4); both now relative below the working
+    directory."""
+    return text.replace(f"{Path.cwd().resolve()}/", "")
+
+
+def described(err: Exception, *bases: Path) -> str:
+    """What the user reads for an error: a config error's issues with the line of the file
+    they point at (issue 41 #4), paths relative to here."""
+    if isinstance(err, ConfigError) and not isinstance(err, YamlSyntaxError):
+        return relative(with_lines(err, *bases, Path.cwd()))
+    return relative(str(err))
+
+
 def _fail(message: str) -> typer.Exit:
-    errors.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
+    errors.print(Text.assemble(("error: ", "bold red"), relative(message)), soft_wrap=True)
     return typer.Exit(EXIT_USER_ERROR)
 
 
@@ -262,8 +279,10 @@ def preview(
     Every name is checked before any stack is previewed."""
     if changed_since is None and not stacks:
         raise typer.BadParameter("name STACKS or pass --changed-since REF", param_hint="STACKS")
+    project_root = project_dir.resolve()
     try:
         project = Project.find(project_dir.resolve())
+        project_root = project.root
         names = stack_names(project, stacks or [])
         if changed_since is not None:
             names = _select_changed(project_dir, changed_since, names)
@@ -276,10 +295,14 @@ def preview(
             write_plan(plan, folder / stack)
             print_summary(plan, folder / stack, time.perf_counter() - started)
             print_policy_report(plan)
+            # The CrossGuard pack's config follows the stack file: the real `pulumi preview
+            # --policy-pack` judged by stale settings when nothing regenerated it (issue 41).
+            for path in policy_files.write(previewer, [stack]):
+                console.print(f"policy pack config: wrote {shown(path)}", soft_wrap=True)
             if plan.mandatory_violations:
                 violating.append(stack)
     except (ConfigError, pulumi.RunError) as err:
-        raise _fail(str(err)) from None
+        raise _fail(described(err, project_root)) from None
     if violating:
         errors.print(
             Text.assemble(
@@ -353,7 +376,8 @@ def validate(
             # A problem outside the file (the --stack, its platform) once, not once per file.
             if str(problem) not in reported:
                 reported.add(str(problem))
-                errors.print(str(problem), soft_wrap=True)
+                root = [previewer.project.root] if previewer is not None else []
+                errors.print(described(problem, *root), soft_wrap=True)
         for line in result.violations:
             violating = True
             errors.print(

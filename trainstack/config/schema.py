@@ -207,7 +207,32 @@ def schema_issues(filename: str, document: object, root: str) -> list[ConfigIssu
     for error in validator(filename).iter_errors(document):
         if tuple(error.absolute_path) not in bad:
             issues.extend(_to_issues(error, root))
-    return issues
+    return _one_cause(issues)
+
+
+UNKNOWN_KEY = "unknown key"
+MISSING = "required field is missing"
+
+
+def _one_cause(issues: list[ConfigIssue]) -> list[ConfigIssue]:
+    """A misspelt required key is one mistake, not two: `maxDurationHour` got "unknown key
+    (did you mean 'maxDurationHours'?)" and "maxDurationHours: required field is missing"
+    (issue 41 #4). The missing one goes; the unknown key says the right one is required."""
+    missing = {i.path: i for i in issues if i.message.startswith(MISSING)}
+    out, dropped = [], set()
+    for issue in issues:
+        found = issue
+        if issue.message.startswith(UNKNOWN_KEY):
+            parent, _, key = issue.path.rpartition(".")
+            for path in missing:
+                head, _, name = path.rpartition(".")
+                if head == parent and did_you_mean(key, [name]):
+                    dropped.add(path)
+                    message = f"{UNKNOWN_KEY} (did you mean {name!r}? it is required)"
+                    found = ConfigIssue(issue.path, message)
+                    break
+        out.append(found)
+    return [i for i in out if i.path not in dropped or not i.message.startswith(MISSING)]
 
 
 def _floats(
@@ -235,12 +260,20 @@ def _to_issues(error: ValidationError, root: str) -> Iterator[ConfigIssue]:
             hint = did_you_mean(key, known)
             if not hint and known:
                 hint = f" (allowed: {', '.join(sorted(known))})"
-            yield ConfigIssue(join_path(path, key), f"unknown key{hint}")
+            yield ConfigIssue(join_path(path, key), f"{UNKNOWN_KEY}{hint}")
     elif error.validator == "required" and isinstance(value, Mapping):
-        # jsonschema yields one error per missing name; ConfigError de-duplicates.
+        # jsonschema yields one error per missing name; ConfigError de-duplicates. What the
+        # field is for, from its description: "required field is missing" alone left users
+        # to find the schema (issue 41 #4).
+        schema = error.schema if isinstance(error.schema, Mapping) else {}
+        properties: Mapping[str, Any] = schema.get("properties", {})
         for name in cast(list[str], error.validator_value):
             if name not in value:
-                yield ConfigIssue(join_path(path, name), "required field is missing")
+                about = properties.get(name, {}).get("description")
+                message = (
+                    f"required field is missing: {about}" if about else "required field is missing"
+                )
+                yield ConfigIssue(join_path(path, name), message)
     else:
         yield ConfigIssue(path, _message(error))
 

@@ -68,12 +68,14 @@ def platform_issues(spec: JobSpec, view: PlatformView, stack_team: str | None) -
                 f"{', '.join(names) or 'no GPU pools'}",
             ),
         ]
-    return [
-        *issues,
-        *_shape_issues(spec, pool),
-        *_quota_issues(spec, view, team, pool),
-        *_storage_issues(spec, view),
-    ]
+    shape = _shape_issues(spec, pool)
+    quota = _quota_issues(spec, view, team, pool)
+    if any(i.path == "job.spec.workers.gpus" for i in shape):
+        # The totals (capability, nodes) follow from a per-replica count no node can hold:
+        # the cause alone, not a derived error first (issue 41 #4: `gpus: 16` on 8-GPU nodes
+        # led with "64 GPUs exceeds team vision's capability").
+        quota = [i for i in quota if i.path != "job.spec.workers"]
+    return [*issues, *shape, *quota, *_storage_issues(spec, view)]
 
 
 def _shape_issues(spec: JobSpec, pool: Mapping[str, Any]) -> list[ConfigIssue]:
@@ -152,7 +154,9 @@ def _quota_issues(
             ConfigIssue(
                 "job.spec.workers",
                 f"{spec.workers.replicas} x {spec.workers.gpus} = {total} GPUs exceeds team "
-                f"{spec.team}'s capability of {capability} GPUs; the gang could never start",
+                f"{spec.team}'s capability of {capability} GPUs (quota deserved + borrowLimit "
+                f"of {spec.team} in the platform stack's registry); the gang could never start: "
+                f"ask for at most {capability}, or ask the platform team to raise the quota",
             )
         )
     nodes_needed = -(-total // int(pool["gpusPerNode"]))
@@ -178,7 +182,9 @@ def _quota_issues(
             ConfigIssue(
                 "job.spec.maxDurationHours",
                 f"{spec.max_duration_hours:g} hours exceeds team {spec.team}'s maximum of "
-                f"{max_hours:g}",
+                f"{max_hours:g} (maxJobHours of {spec.team} in the platform stack's registry, "
+                "default 168); set at most "
+                f"{max_hours:g}, or ask the platform team to raise it",
             )
         )
     if spec.command[0].rsplit("/", 1)[-1] not in PYTHONS:

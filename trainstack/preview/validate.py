@@ -24,6 +24,7 @@ from trainstack.config.loader import stack_name_from_path
 from trainstack.documents import document_kind
 from trainstack.jobs.files import job_files
 from trainstack.jobs.spec import JobSpec, advice, load_job, parse_job
+from trainstack.preview import policy_config
 from trainstack.preview.engine import Previewer
 
 JOB_SPECS = "job_specs"  # job_specs/<team>/<job>.yaml (README, "Training jobs")
@@ -69,6 +70,21 @@ class Validator:
             return
         assert self.previewer is not None
         plan = self.previewer.preview(name)  # cross-stack, jobs, policies: as the preview
+        if policy_config.stale(self.previewer, [name]):
+            generated = policy_config.config_path(self.previewer, name)
+            relative = generated.relative_to(self.previewer.project.root)
+            raise ConfigError(
+                str(path),
+                [
+                    ConfigIssue(
+                        str(relative),
+                        "missing or stale: the policy pack (`pulumi preview --policy-pack "
+                        "policies`) would judge by other settings than this stack file's; "
+                        f"run `trainstack policy-config {name}` (`trainstack preview {name}` "
+                        "writes it too)",
+                    )
+                ],
+            )
         result.violations += [
             f"policy {v['rule']}: {v['resource']}: {v['message']}"
             for v in plan.mandatory_violations
