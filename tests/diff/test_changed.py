@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -92,14 +93,14 @@ def test_preview_changed_since_previews_only_touched_stacks(tmp_path: Path) -> N
     assert teams["vision"]["owners"] == ["vision-owner@example.com"]
     listed = runner.invoke(app, ["changed-stacks", "HEAD", "--project-dir", str(project)])
     assert listed.exit_code == 0
-    assert listed.output == "dev\n"
+    assert listed.stdout == "dev\n"  # the list CI reads; why is on stderr
     # A nested checkout (CI's base) is not a change.
     nested = project / ".base"
     nested.mkdir()
     git(nested, "init", "-q")
     (nested / "x.py").write_text("x = 1\n")
     listed = runner.invoke(app, ["changed-stacks", "HEAD", "--project-dir", str(project)])
-    assert listed.output == "dev\n"
+    assert listed.stdout == "dev\n"
 
 
 def test_changed_since_unknown_ref_is_a_clean_error(tmp_path: Path) -> None:
@@ -118,3 +119,116 @@ def test_preview_needs_stacks_or_changed_since() -> None:
     result = runner.invoke(app, ["preview"])
     assert result.exit_code == 2
     assert "--changed-since" in result.output
+
+
+# -- issue 41 #6: untracked files, why every stack, and refs of unknown remotes ------------
+
+STACKS = ("dev", "prod", "vision")
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A committed project of three stacks (vision on prod), with a package folder."""
+    (tmp_path / "repo").mkdir()
+    project = make_project(
+        tmp_path / "repo", {s: ROOT / "stacks" / f"Pulumi.{s}.yaml" for s in STACKS}
+    )
+    (project / "trainstack").mkdir()
+    (project / "trainstack" / "x.py").write_text("X = 1\n")
+    (project / "Makefile").write_text("all:\n")
+    (project / ".gitignore").write_text(".venv/\nbuild/\n")
+    git(project, "init", "-q", "-b", "main")
+    git(project, "add", "-A")
+    git(project, "commit", "-q", "-m", "base")
+    return project
+
+
+def untracked_link(project: Path, name: str) -> None:
+    """A link to a folder, as `make setup-preview` or a checkout of the pack's venv leave:
+    `.venv/` in .gitignore matches folders, not a link."""
+    (project / name).symlink_to(ROOT / ".venv", target_is_directory=True)
+
+
+@pytest.mark.parametrize(
+    ("change", "stdout", "stderr"),
+    [
+        # What the program does not read: no stack, and nothing to say.
+        (lambda p: untracked_link(p, ".venv"), "", ""),
+        (lambda p: untracked_link(p, "policies"), "", ""),
+        (lambda p: (p / "scratch.txt").write_text("notes\n"), "", ""),
+        (lambda p: (p / "build").mkdir() or (p / "build" / "plan.json").write_text("{}"), "", ""),
+        # An untracked file the program reads selects every stack, and says so once.
+        (lambda p: (p / "trainstack" / "new.py").write_text("Y = 2\n"), "dev\nprod\nvision\n",
+         "every stack: trainstack/new.py changed (untracked, in trainstack/, which every "
+         "preview reads)\n"),
+        (lambda p: (p / "trainstack" / "x.py").write_text("X = 2\n"), "dev\nprod\nvision\n",
+         "every stack: trainstack/x.py changed (in trainstack/, which every preview reads)\n"),
+        (lambda p: (p / "__main__.py").write_text("# the program\n"), "dev\nprod\nvision\n",
+         "every stack: __main__.py changed (which every preview reads)\n"),
+        # A tracked file outside what the program reads still selects every stack (a missed
+        # preview is worse than one too many), and says why.
+        (lambda p: (p / "Makefile").write_text("all: x\n"), "dev\nprod\nvision\n",
+         "every stack: Makefile changed (not a stack file, job spec, policy setting or "
+         "document: any stack may change)\n"),
+        # A stack file: its stack, and the team stacks that read its outputs.
+        (lambda p: (p / "stacks" / "Pulumi.prod.yaml").write_text(
+            (p / "stacks" / "Pulumi.prod.yaml").read_text() + "\n"), "prod\nvision\n",
+         "prod: stacks/Pulumi.prod.yaml changed\nvision: its platform stack prod changed\n"),
+    ],
+    ids=["venv-link", "pack-venv-link", "scratch", "build-output", "untracked-module",
+         "tracked-module", "program", "tracked-makefile", "stack-file"],
+)  # fmt: skip
+def test_changed_stacks_says_which_file_selects_every_stack(
+    repo: Path, change: Any, stdout: str, stderr: str
+) -> None:
+    change(repo)
+    result = runner.invoke(app, ["changed-stacks", "HEAD", "--project-dir", str(repo)])
+    assert (result.exit_code, result.stdout, result.stderr) == (0, stdout, stderr)
+
+
+def test_a_local_chart_touches_its_platform_stack_only(repo: Path) -> None:
+    """A stack's `addons.<key>.path` is read by that stack's preview, not every stack's."""
+    prod = repo / "stacks" / "Pulumi.prod.yaml"
+    text = prod.read_text()
+    anchor = "    gpuPools:\n"
+    assert text.count(anchor) == 1
+    prod.write_text(text.replace(anchor, "    addons:\n      volcano: {path: charts/volcano}\n"
+                                 + anchor))  # fmt: skip
+    git(repo, "commit", "-qam", "a local chart")
+    (repo / "charts" / "volcano").mkdir(parents=True)
+    (repo / "charts" / "volcano" / "Chart.yaml").write_text("name: volcano\n")
+    result = runner.invoke(app, ["changed-stacks", "HEAD", "--project-dir", str(repo)])
+    assert (result.exit_code, result.stdout, result.stderr) == (
+        0,
+        "prod\nvision\n",
+        "prod: charts/volcano/Chart.yaml (its local chart) changed\n"
+        "vision: its platform stack prod changed\n",
+    )
+
+
+@pytest.mark.parametrize(
+    ("remotes", "ref", "problem"),
+    [
+        # Before: "to fetch it: git fetch origin upstream/main", a branch origin lacks.
+        (["origin"], "upstream/main",
+         "'upstream/main' is not a commit in this repository; this repository has no remote "
+         "'upstream' (remotes: origin); to fetch from it, add it first: git remote add upstream "
+         "URL, then git fetch upstream main"),
+        (["origin", "upstream"], "upstream/main",
+         "'upstream/main' is not a commit in this repository; to fetch it: git fetch upstream "
+         "main"),
+        (["origin", "upstream"], "upstrem/main",
+         "'upstrem/main' is not a commit in this repository; this repository has no remote "
+         "'upstrem' (remotes: origin, upstream); did you mean upstream/main? to fetch it: "
+         "git fetch upstream main"),
+    ],
+    ids=["unknown-remote", "known-remote", "misspelt-remote"],
+)  # fmt: skip
+def test_a_ref_of_an_unknown_remote_gets_a_command_that_works(
+    repo: Path, remotes: list[str], ref: str, problem: str
+) -> None:
+    for remote in remotes:
+        git(repo, "remote", "add", remote, f"https://example.com/{remote}.git")
+    result = runner.invoke(app, ["changed-stacks", ref, "--project-dir", str(repo)])
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr == f"error: --changed-since: 1 config error:\n  - ref: {problem}\n"

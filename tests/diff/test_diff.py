@@ -107,6 +107,11 @@ def test_quota_cut_is_reported_per_team(preview: Preview, prod_base: dict[str, A
     assert [(r.action, r.name) for r in diff.resources] == [
         ("replace", "trainstack-prod-services-registry")
     ]
+    # Issue 41 #3: the registry's JSON document was in the reason whole, before and after.
+    assert (
+        "| replace | kubernetes:core/v1:ConfigMap | trainstack-prod-services-registry | "
+        "data.registry.json (json) teams[name=vision].quota.gpus 16 → 8: data forces replacement |"
+    ) in markdown.splitlines()
     assert diff.counts["delete"] == 0
     assert diff.counts["update"] >= 1
     assert not diff.stateful_losses
@@ -388,7 +393,10 @@ def write_plan_doc(folder: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
-def test_cli_diffs_folders_of_plans(tmp_path: Path, example_plans: dict[str, Plan]) -> None:
+def test_cli_diffs_folders_of_plans(
+    tmp_path: Path, example_plans: dict[str, Plan], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # in no project: a stack without a head plan is removed
     base, head = tmp_path / "base", tmp_path / "head"
     write_plan_doc(base, as_doc(example_plans["dev"]))
     write_plan_doc(base, as_doc(example_plans["onprem"]))
@@ -400,14 +408,15 @@ def test_cli_diffs_folders_of_plans(tmp_path: Path, example_plans: dict[str, Pla
         ["diff", str(base), str(head), "--markdown-out", str(out_md), "--json-out", str(out_json)],
     )
     assert result.exit_code == 0, result.output
-    assert result.output == out_md.read_text()
+    assert result.stdout == out_md.read_text()
     assert "- **onprem** (platform) (stack removed): 0 to create" in result.output
-    assert "- **vision** (team) (new stack): 3 to create" in result.output
+    created = sum(1 for r in as_doc(example_plans["vision"])["resources"] if r["custom"])
+    assert f"- **vision** (team) (new stack): {created} to create" in result.output
     assert "- unchanged: dev" in result.output
     doc = json.loads(out_json.read_text())
     assert [s["status"] for s in doc["stacks"]] == ["unchanged", "removed", "added"]
     as_json = runner.invoke(app, ["diff", str(base), str(head), "--format", "json"])
-    assert as_json.output == out_json.read_text()
+    assert as_json.stdout == out_json.read_text()
 
 
 def test_cli_errors_name_the_input_and_the_fix(tmp_path: Path) -> None:
@@ -532,7 +541,11 @@ ENV = [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]
         (ENV, ENV[::-1], [("env (order)", ["A", "B"], ["B", "A"])]),
         # Lists of anything else: element-wise when equal in length, whole otherwise.
         (["a", "b"], ["a", "c"], [("env[1]", "b", "c")]),
-        (["a"], ["a", "b"], [("env", ["a"], ["a", "b"])]),
+        # Lists that grew or shrank: the runs that differ, by their slice of the base (issue
+        # 41 #3: the whole lists, cut to one length, looked alike).
+        (["a"], ["a", "b"], [("env[1:1]", ABSENT, ["b"])]),
+        (["a", "b", "c"], ["a", "c"], [("env[1:2]", ["b"], ABSENT)]),
+        ([{"x": 1}, {"x": 2}], [{"x": 1}, {"x": 3}, {"x": 2}], [("env[1:1]", ABSENT, [{"x": 3}])]),
         ([{"x": 1}], [{"x": 2}], [("env[0].x", 1, 2)]),
     ],
 )

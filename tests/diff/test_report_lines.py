@@ -60,7 +60,7 @@ def env_added(vision: dict[str, Any], _prod: dict[str, Any]) -> tuple[Any, Any, 
             f'| vision/resnet | changed | {ENV_ITEM}[name=NCCL_DEBUG] | (absent) | {{"name": '
             '"NCCL_DEBUG", "value": "INFO"} |',
             # every counted update is listed, with its field
-            f"| update | kubernetes:batch.volcano.sh/v1alpha1:Job | team-vision-job-resnet | "
+            f"| update | Job | team-vision-job-resnet | "
             f'{ENV_ITEM}[name=NCCL_DEBUG] | (absent) | {{"name": "NCCL_DEBUG", "value": '
             '"INFO"} |',
             "<details><summary>0 created, 1 updated: 1 Job</summary>",
@@ -90,7 +90,7 @@ def group_quota(_vision: dict[str, Any], prod: dict[str, Any]) -> tuple[Any, Any
         [
             "| group | change | field | before | after |",
             "| research | changed | quota (guaranteed GPUs) | 40 | 48 |",
-            f"| update | {QUEUE} | {queue['name']} | spec.guarantee.resource.nvidia.com/gpu "
+            f"| update | Queue | {queue['name']} | spec.guarantee.resource.nvidia.com/gpu "
             "| 40 | 48 |",
         ],
     )
@@ -113,7 +113,7 @@ def user_data(_vision: dict[str, Any], prod: dict[str, Any]) -> tuple[Any, Any, 
         base,
         head,
         [
-            f"| update | {TEMPLATE} | {name} | userData (base64) line 3 | "
+            f"| update | LaunchTemplate | {name} | userData (base64) line 3 | "
             "sysctl -w vm.nr_hugepages=2560 | sysctl -w vm.nr_hugepages=4096 |"
         ],
     )
@@ -141,9 +141,9 @@ def scheduler(_vision: dict[str, Any], prod: dict[str, Any]) -> tuple[Any, Any, 
         base,
         head,
         [
-            f"| update | {RELEASE} | {name} | {field} actions | "
+            f"| update | Release | {name} | {field} actions | "
             "allocate, preempt, reclaim, backfill | enqueue, allocate, backfill |",
-            f"| update | {RELEASE} | {name} | "
+            f"| update | Release | {name} | "
             f"{field} tiers[1].plugins[name=network-topology-aware].arguments.weight | 10 | 20 |",
         ],
     )
@@ -165,7 +165,7 @@ def test_the_lines_a_reviewer_reads(
 
 
 def test_a_partial_head_leaves_untouched_stacks_unchanged(
-    tmp_path: Path, example_plans: dict[str, Plan]
+    tmp_path: Path, example_plans: dict[str, Plan], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A full base against a `preview --changed-since` head: before, every stack the head did
     not preview was reported removed ("133 to delete", stateful losses)."""
@@ -185,9 +185,22 @@ def test_a_partial_head_leaves_untouched_stacks_unchanged(
     assert "to delete" not in result.output.replace("0 to delete", "")
     assert "stack removed" not in result.output
     assert "⚠️" not in result.output
-    # Outside a project there is no stack file to look at: a missing head plan is a removal.
+    # Without --project-dir, the current folder's project: the head folder is in none, and
+    # every stack it did not preview read as removed (issue 41 #3).
+    monkeypatch.chdir(ROOT / "stacks")
+    result = CliRunner().invoke(app, ["diff", str(base), str(head)])
+    assert result.exit_code == 0, result.output
+    assert "stack removed" not in result.output
+    # Outside a project there is no stack file to look at: a missing head plan is a removal,
+    # and the note says so.
+    monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["diff", str(base), str(head)])
     assert "- **prod** (platform) (stack removed)" in result.output
+    assert result.stderr == (
+        f"note: no project around the current folder or {head} to look for their stack files: "
+        "dev, prod "
+        "read as removed (pass --project-dir if they were not previewed)\n"
+    )
 
 
 def test_a_new_cluster_admin_from_another_account_is_named_with_its_policy(

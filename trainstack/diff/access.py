@@ -13,6 +13,7 @@ wildcard permissions, and anything open to the internet.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,8 @@ class AccessChange:
     flags: list[str] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
     more: int = 0
+    twin: str = ""  # an added grant that is another team's or pool's, renamed (twins.py)
+    widened: list[str] = field(default_factory=list)  # what a changed grant allows that it did not
 
 
 def _text(value: Any) -> str:
@@ -98,8 +101,27 @@ def _principals(statement: dict[str, Any]) -> list[str]:
     return [f"{kind} {who}" for kind, whom in sorted(principal.items()) for who in _as_list(whom)]
 
 
+Condition = tuple[tuple[str, str, tuple[str, ...]], ...]  # (operator, key, values), sorted
+
+
+def _conditions(statement: dict[str, Any]) -> Condition:
+    found = []
+    for operator, keys in (statement.get("Condition") or {}).items():
+        for key, values in (keys or {}).items() if isinstance(keys, dict) else ():
+            found.append((str(operator), str(key), tuple(sorted(map(str, _as_list(values))))))
+    return tuple(sorted(found))
+
+
+def _condition_text(conditions: Condition) -> str:
+    """` if s3:prefix like datasets/*`: the condition narrows the grant, so it is part of it
+    (a prefix widened to the whole bucket changed only the condition, issue 41 #3)."""
+    words = {"StringLike": "like", "StringEquals": "=", "Bool": "=", "ArnLike": "like"}
+    parts = [f"{key} {words.get(op, op)} {' or '.join(values)}" for op, key, values in conditions]
+    return f" if {' and '.join(parts)}" if parts else ""
+
+
 def _policy_summary(value: Any) -> tuple[str, tuple[str, ...]]:
-    """`Allow a:B, c:D on *; Deny …`, and flags for wildcards and public grants."""
+    """`Allow a:B, c:D on * if …; Deny …`, and flags for wildcards and public grants."""
     parts, flags = [], []
     for statement in _statements(value):
         effect = statement.get("Effect", "Allow")
@@ -108,7 +130,7 @@ def _policy_summary(value: Any) -> tuple[str, tuple[str, ...]]:
         ]
         resources = _names(statement.get("Resource") or statement.get("NotResource") or "*")
         who = _principals(statement)
-        text = f"{effect} {_names(actions)} on {resources}"
+        text = f"{effect} {_names(actions)} on {resources}{_condition_text(_conditions(statement))}"
         parts.append(text + (f" for {', '.join(who)}" if who else ""))
         if effect == "Allow" and any(a == "*" or str(a).endswith(":*") for a in actions):
             flags.append("wildcard actions")
@@ -348,6 +370,127 @@ def _public_access_block(inputs: dict[str, Any]) -> Grant:
     return Grant("bucket public access", f"bucket {_text(inputs.get('bucket'))}", grant, flags)
 
 
+Allow = tuple[str, str, str, Condition]  # (principal, action, resource, conditions)
+
+
+def _iam_allows(document: Any) -> list[Allow]:
+    """Every (principal, action, resource) an IAM document allows, with its conditions."""
+    found: list[Allow] = []
+    for statement in _statements(document):
+        if statement.get("Effect", "Allow") != "Allow":
+            continue
+        not_action = statement.get("NotAction")
+        actions = _as_list(statement.get("Action")) or [f"all but {_names(not_action)}"]
+        not_resource = statement.get("NotResource")
+        resources = _as_list(statement.get("Resource")) or (
+            [f"all but {_names(not_resource)}"] if not_resource else ["*"]
+        )
+        conditions = _conditions(statement)
+        for who in _principals(statement) or [""]:
+            found += [(who, str(a), str(r), conditions) for a in actions for r in resources]
+    return found
+
+
+def _glob(pattern: str, value: str, *, fold: bool = False) -> bool:
+    """Whether IAM's `pattern` (`*` and `?` wildcards) matches every string `value` (a pattern
+    too) matches: true when it matches `value`'s text, its wildcards taken as characters."""
+    regex = re.escape(pattern).replace(r"\*", ".*").replace(r"\?", ".")
+    return re.fullmatch(regex, value, re.IGNORECASE if fold else 0) is not None
+
+
+def _condition_covers(old: Condition, new: Condition) -> bool:
+    """`new` asks at least what `old` asks: each of old's conditions is in new, with values
+    that old's allow (a condition new adds narrows it further)."""
+    for operator, key, values in old:
+        like = "Like" in operator
+        match = [v for op, k, v in new if (op, k) == (operator, key)]
+        if not match or not all(
+            any(_glob(o, n) if like else o == n for o in values) for n in match[0]
+        ):
+            return False
+    return True
+
+
+def _iam_widened(before: Any, after: Any) -> list[str]:
+    """What the new document allows that the old one did not: new actions, wider resources,
+    a principal more, a condition loosened or gone. Grouped by resource and condition."""
+    old = _iam_allows(before)
+    wider: dict[tuple[str, str, Condition], list[str]] = {}
+    for who, action, resource, conditions in _iam_allows(after):
+        if not any(
+            _glob(o_who, who)
+            and _glob(o_action, action, fold=True)
+            and _glob(o_resource, resource)
+            and _condition_covers(o_cond, conditions)
+            for o_who, o_action, o_resource, o_cond in old
+        ):
+            wider.setdefault((who, resource, conditions), []).append(action)
+    return [
+        f"{', '.join(actions)} on {resource}{_condition_text(cond)}"
+        + (f" for {who}" if who else "")
+        for (who, resource, cond), actions in wider.items()
+    ]
+
+
+def _rbac_rules(inputs: dict[str, Any]) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """(API group, resource, verb, resource names) an RBAC role grants."""
+    found = []
+    for rule in inputs.get("rules") or []:
+        names = tuple(rule.get("resourceNames") or ())
+        groups = rule.get("apiGroups") or [""]
+        targets = rule.get("resources") or [f"URL {u}" for u in rule.get("nonResourceURLs") or []]
+        found += [
+            (str(g), str(t), str(v), names)
+            for g in groups
+            for t in targets
+            for v in rule.get("verbs") or []
+        ]
+    return found
+
+
+def _rbac_widened(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Verbs on resources the new role grants that the old one did not."""
+    old = _rbac_rules(before)
+    wider: dict[tuple[str, str, tuple[str, ...]], list[str]] = {}
+    for group, target, verb, names in _rbac_rules(after):
+        if not any(
+            og in ("*", group)
+            and ot in ("*", target)
+            and ov in ("*", verb)
+            and (not on or (names and set(names) <= set(on)))
+            for og, ot, ov, on in old
+        ):
+            wider.setdefault((group or "core", target, names), []).append(verb)
+    return [
+        f"{', '.join(verbs)} on {target} ({group})" + (f" named {', '.join(n)}" if n else "")
+        for (group, target, n), verbs in wider.items()
+    ]
+
+
+# Inputs holding an IAM document, per type; and RBAC roles, whose rules widen alike.
+IAM_DOCUMENTS = {
+    "aws:iam/role:Role": "assumeRolePolicy",
+    "aws:iam/rolePolicy:RolePolicy": "policy",
+    "aws:iam/policy:Policy": "policy",
+    "aws:s3/bucketPolicy:BucketPolicy": "policy",
+}
+RBAC_ROLES = (
+    "kubernetes:rbac.authorization.k8s.io/v1:Role",
+    "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole",
+)
+
+
+def widened(rtype: str, before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """What a changed grant now allows that it did not (issue 41 #3: a dataset prefix widened
+    to the whole bucket read as three changed policies, nothing flagged)."""
+    if rtype in IAM_DOCUMENTS:
+        key = IAM_DOCUMENTS[rtype]
+        return _iam_widened(before.get(key), after.get(key))
+    if rtype in RBAC_ROLES:
+        return _rbac_widened(before, after)
+    return []
+
+
 Reader = Callable[[dict[str, Any], str], Grant]
 READERS: dict[str, Reader] = {
     "aws:eks/accessEntry:AccessEntry": lambda i, _n: _access_entry(i),
@@ -400,8 +543,11 @@ def _principal_accounts(grants: dict[tuple[str, str], tuple[Grant, dict[str, Any
     }
 
 
-def access_section(base: dict[str, Any], head: dict[str, Any]) -> list[AccessChange]:
-    """Every access grant added, removed or changed, naming the subject and what it gets."""
+def access_section(
+    base: dict[str, Any], head: dict[str, Any], twins: dict[tuple[str, str], str] | None = None
+) -> list[AccessChange]:
+    """Every access grant added, removed or changed, naming the subject and what it gets;
+    `twins` labels added grants that are another team's or pool's, renamed."""
     old, new = _grants(base), _grants(head)
     known = _principal_accounts(old)
     changes: list[AccessChange] = []
@@ -414,8 +560,11 @@ def access_section(base: dict[str, Any], head: dict[str, Any]) -> list[AccessCha
             acct = account(grant.subject) if grant.kind in PRINCIPAL_KINDS else None
             if acct and base["resources"] and acct not in known:
                 flags.append(f"account {acct} new to this stack")
+            twin = (twins or {}).get(ref, "")
             changes.append(
-                AccessChange("added", grant.kind, grant.subject, grant.grant, resource, flags)
+                AccessChange(
+                    "added", grant.kind, grant.subject, grant.grant, resource, flags, twin=twin
+                )
             )
             continue
         if ref not in new:
@@ -436,6 +585,9 @@ def access_section(base: dict[str, Any], head: dict[str, Any]) -> list[AccessCha
             continue
         shown = readable(diffs)
         flags = [f for f in after.flags if f not in before.flags]
+        wider = widened(rtype, old_inputs, new_inputs)
+        if wider:
+            flags.append("widened")
         changes.append(
             AccessChange(
                 "changed",
@@ -445,6 +597,7 @@ def access_section(base: dict[str, Any], head: dict[str, Any]) -> list[AccessCha
                 resource,
                 flags,
                 *limited(shown),
+                widened=wider,
             )
         )
     changes.sort(key=lambda c: (c.kind, c.subject, c.grant, c.change, c.resource))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -17,6 +18,15 @@ IGNORED_PREFIXES = ("docs/", "tests/", ".github/")
 IGNORED_NAMES = (".gitignore", "LICENSE")
 IGNORED_SUFFIXES = (".md",)
 POLICY_CONFIG_DIR = "policies/config"  # preview/policy_config.CONFIG_DIR (no import: it previews)
+# What a preview reads, besides the stack files and local charts: the project file and the
+# program, the package (components/ and the job schema are links into it), job specs and the
+# policy pack, and what decides the installed dependencies. An untracked file anywhere else
+# (a virtualenv or its link, build output, a scratch file) changes no plan; before, each one
+# selected every stack without a word (issue 41 #6). Tracked changes outside these still
+# select every stack: a tracked file is part of the project, and a missed preview is worse
+# than one too many.
+PROGRAM_FILES = ("Pulumi.yaml", "__main__.py", "pyproject.toml", "requirements.txt")
+PROGRAM_DIRS = ("trainstack/", "components/", "job_specs/", "policies/")
 
 
 @dataclass
@@ -24,6 +34,9 @@ class Selection:
     stacks: list[str]
     reasons: dict[str, list[str]] = field(default_factory=dict)  # stack -> why
     removed: list[str] = field(default_factory=list)  # stack files deleted by the change
+    # Files that select every stack, each with why (said once, not once per stack).
+    everywhere: list[tuple[str, str]] = field(default_factory=list)
+    untracked: set[str] = field(default_factory=set)  # the changed files git does not track
 
     def add(self, stack: str, reason: str) -> None:
         self.reasons.setdefault(stack, [])
@@ -76,13 +89,69 @@ def ref_problem(project: Project, ref: str) -> str:
         action = "this repository has no remote to fetch it from; pass a branch, tag or commit SHA"
     elif remote in remotes and branch:
         action = f"to fetch it: git fetch {remote} {branch}"
+    elif branch:
+        # `upstream/main` names remote `upstream`: `git fetch origin upstream/main` asked
+        # origin for a branch called upstream/main (issue 41 #6).
+        close_remote = difflib.get_close_matches(remote, remotes, n=1, cutoff=0.6)
+        action = f"this repository has no remote {remote!r} (remotes: {', '.join(remotes)}); "
+        if close_remote:
+            action += (
+                f"did you mean {close_remote[0]}/{branch}? to fetch it: "
+                f"git fetch {close_remote[0]} {branch}"
+            )
+        else:
+            action += (
+                f"to fetch from it, add it first: git remote add {remote} URL, then "
+                f"git fetch {remote} {branch}"
+            )
     else:
         action = f"to fetch it: git fetch {remotes[0]} {ref}"
     return f"{ref!r} is not a commit in this repository{close}; {action}"
 
 
+def _read_by_program(project: Project, name: str, charts: list[str]) -> bool:
+    """Whether a preview can read this project-relative path (PROGRAM_FILES, PROGRAM_DIRS,
+    the stack files' folder and the stacks' local charts), or, for a folder (`name/`),
+    something in it."""
+    stacks_dir = project.stacks_dir.resolve().relative_to(project.root.resolve()).as_posix()
+    folders = (*PROGRAM_DIRS, *(f"{d.rstrip('/')}/" for d in (stacks_dir, *charts) if d != "."))
+    return (
+        name in PROGRAM_FILES
+        or name.startswith(folders)
+        or (name.endswith("/") and any(f.startswith(name) for f in folders))
+        or (stacks_dir == "." and PurePosixPath(name).name.startswith("Pulumi."))
+    )
+
+
+def untracked_files(project: Project) -> list[str]:
+    """Untracked files a preview reads: not ignored by git, under what the program reads
+    (PROGRAM_FILES, PROGRAM_DIRS, stack files, local charts), not in a link to a folder."""
+    charts = [c for paths in _chart_paths(project).values() for c in paths]
+    files: list[str] = []
+    for entry in _git(project, "ls-files", "--others", "--exclude-standard", "--directory"):
+        path = project.root / entry.rstrip("/")
+        if not _read_by_program(project, entry, charts):
+            continue  # nothing in it is read: not walked (a virtualenv, build output)
+        if path.is_symlink() and path.is_dir():
+            continue  # a link to another tree (a virtualenv as policies/venv), not a source
+        if entry.endswith("/") and (path / ".git").exists():
+            continue  # another checkout inside this one (CI's base checkout), not a change
+        found = (
+            [p.relative_to(project.root).as_posix() for p in path.rglob("*") if p.is_file()]
+            if entry.endswith("/")
+            else [entry]
+        )
+        files += [f for f in found if _read_by_program(project, f, charts)]
+    return sorted(files)
+
+
 def changed_files(project: Project, ref: str) -> list[str]:
     """Files that differ from REF (committed or not, untracked included), project-relative."""
+    return sorted({*tracked_changes(project, ref), *untracked_files(project)})
+
+
+def tracked_changes(project: Project, ref: str) -> list[str]:
+    """Tracked files that differ from REF, committed or not, project-relative."""
     verify = subprocess.run(
         ["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
         cwd=project.root,
@@ -94,18 +163,31 @@ def changed_files(project: Project, ref: str) -> list[str]:
             "--changed-since",
             [ConfigIssue("ref", ref_problem(project, ref))],
         )
-    files = _git(project, "diff", "--name-only", "--relative", ref, "--")
-    for entry in _git(project, "ls-files", "--others", "--exclude-standard", "--directory"):
-        folder = project.root / entry
-        if entry.endswith("/") and (folder / ".git").exists():
-            continue  # another checkout inside this one (CI's base checkout), not a change
-        if entry.endswith("/"):
-            files += [
-                p.relative_to(project.root).as_posix() for p in folder.rglob("*") if p.is_file()
-            ]
-        else:
-            files.append(entry)
-    return sorted(set(files))
+    return _git(project, "diff", "--name-only", "--relative", ref, "--")
+
+
+def _chart_paths(project: Project) -> dict[str, list[str]]:
+    """Platform stack -> the project-relative folders of its local charts
+    (`addons.<key>.path`, read by the preview: builders/addons.py)."""
+    found: dict[str, list[str]] = {}
+    root = project.root.resolve()
+    for stack in project.stacks():
+        try:
+            doc = yamlio.read(project.stack_file(stack)) or {}
+        except ConfigError:
+            continue
+        platform = (
+            (doc.get("config") or {}).get("trainstack:platform") if isinstance(doc, dict) else None
+        )
+        addons = platform.get("addons") if isinstance(platform, dict) else None
+        for source in (addons or {}).values() if isinstance(addons, dict) else ():
+            path = source.get("path") if isinstance(source, dict) else None
+            if not isinstance(path, str):
+                continue
+            folder = (root / Path(path).expanduser()).resolve()
+            if folder.is_relative_to(root):
+                found.setdefault(stack, []).append(folder.relative_to(root).as_posix())
+    return found
 
 
 def _stack_kinds(project: Project) -> dict[str, dict[str, Any]]:
@@ -127,18 +209,36 @@ def _stack_file_changed(
     if stack not in kinds:
         selection.removed.append(stack)
         return
-    selection.add(stack, f"{name} changed")
+    _platform_changed(selection, kinds, stack, f"{name} changed")
+
+
+def _platform_changed(
+    selection: Selection, kinds: dict[str, dict[str, Any]], stack: str, why: str
+) -> None:
+    selection.add(stack, why)
     if not kinds[stack]:  # a platform stack: its team stacks read its outputs
         for other, team in kinds.items():
             if str(team.get("platformStack", "")).rsplit("/", 1)[-1] == stack:
                 selection.add(other, f"its platform stack {stack} changed")
 
 
-def select_stacks(project: Project, files: list[str]) -> Selection:
-    """Map changed files to the stacks whose plans they can change."""
+def _why_everywhere(project: Project, name: str, untracked: bool) -> str:
+    """Why a file selects every stack, as the user reads it."""
+    if not _read_by_program(project, name, []):
+        return "not a stack file, job spec, policy setting or document: any stack may change"
+    where = f"in {name.split('/', 1)[0]}/, which" if "/" in name else "which"
+    return f"{'untracked, ' if untracked else ''}{where} every preview reads"
+
+
+def select_stacks(
+    project: Project, files: list[str], untracked: set[str] | None = None
+) -> Selection:
+    """Map changed files to the stacks whose plans they can change; `untracked` says which
+    of them git does not track (for the reasons only: changed_files has filtered them)."""
     kinds = _stack_kinds(project)
     stacks = sorted(kinds)
-    selection = Selection([])
+    charts = _chart_paths(project)
+    selection = Selection([], untracked=set(untracked or ()))
     stacks_dir = project.stacks_dir.resolve().relative_to(project.root.resolve())
     for name in files:
         path = PurePosixPath(name)
@@ -163,6 +263,13 @@ def select_stacks(project: Project, files: list[str]) -> Selection:
                 if team.get("team") == team_name:
                     selection.add(other, f"{name} changed")
             continue
+        owners = [s for s, paths in charts.items() for c in paths if name.startswith(f"{c}/")]
+        if owners:  # a platform stack's local chart: that stack and its team stacks
+            for stack in owners:
+                _platform_changed(selection, kinds, stack, f"{name} (its local chart) changed")
+            continue
+        why = _why_everywhere(project, name, name in selection.untracked)
+        selection.everywhere.append((name, why))
         for stack in stacks:  # shared code, schemas, the program: every stack
             selection.add(stack, f"shared file {name} changed")
     selection.stacks = sorted(selection.reasons)
@@ -172,4 +279,5 @@ def select_stacks(project: Project, files: list[str]) -> Selection:
 
 def stacks_changed_since(project_dir: Path, ref: str) -> Selection:
     project = Project.find(project_dir.resolve())
-    return select_stacks(project, changed_files(project, ref))
+    tracked, untracked = tracked_changes(project, ref), untracked_files(project)
+    return select_stacks(project, sorted({*tracked, *untracked}), set(untracked))

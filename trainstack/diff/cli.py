@@ -33,23 +33,49 @@ def _plans_in(folder: Path) -> dict[str, Path]:
 
 
 def head_project(head: Path, project_dir: Path | None) -> Project | None:
-    """The project the head plans were made from: `project_dir`, else the project holding the
-    head folder (`build/…` of a checkout), else none."""
-    try:
-        return Project.find((project_dir or head).resolve())
-    except ConfigError:
-        if project_dir is not None:
-            raise
-        return None
+    """The project the head plans were made from: `project_dir`, else the current folder's
+    project, else the project holding the head folder, else none.
+
+    The current project comes first: a head previewed from a copy into `--out /tmp/…` is in
+    no project, and every stack it did not preview read as removed (issue 41 #3).
+    """
+    if project_dir is not None:
+        return Project.find(project_dir.resolve())
+    for start in (Path.cwd(), head.resolve()):
+        try:
+            return Project.find(start)
+        except ConfigError:
+            continue
+    return None
 
 
-def diff_paths(base: Path, head: Path, project: Project | None = None) -> DiffReport:
+def _no_base_plans(base: Path, head: Path, head_plans: dict[str, Path]) -> PlanError:
+    """A base folder without plans, next to a head with some: every stack would read as new
+    (issue 41 #3). Plans one folder too deep are named, with the folder to pass."""
+    deeper = sorted(base.glob("*/*/plan.json"))[:3]
+    found = (
+        f"; it holds {', '.join(map(str, deeper))}: pass {deeper[0].parent.parent}"
+        if deeper
+        else ""
+    )
+    return PlanError(
+        f"{base}: no <stack>/plan.json here{found}; the head {head} holds plans of "
+        f"{', '.join(head_plans)}, which would all read as new stacks. Preview the base into "
+        f"it (`trainstack preview STACK --out {base}` on the base commit), or, when the change "
+        "only adds stacks, pass --base-may-be-empty"
+    )
+
+
+def diff_paths(
+    base: Path, head: Path, project: Project | None = None, *, base_may_be_empty: bool = False
+) -> DiffReport:
     """Diff two plan files, or two folders of `<stack>/plan.json` (stacks paired by name).
 
     A stack with a base plan and no head plan is removed only when its stack file is gone
     from the head's `project`: one that is still there was not in the head's changed set
     (`preview --changed-since`), and is unchanged, not previewed. Without a project, every
-    such stack counts as removed.
+    such stack counts as removed. A base folder without plans next to a head with some is
+    an error unless `base_may_be_empty` (a change that only adds stacks).
     """
     if base.is_file() or head.is_file() or (base / "plan.json").is_file():
         return DiffReport([diff_plans(load_plan(base), load_plan(head))])
@@ -64,6 +90,14 @@ def diff_paths(base: Path, head: Path, project: Project | None = None) -> DiffRe
         # A change that touches no stack (docs only): an empty report, not an error, so the
         # pull request still gets its comment (issue 23 #2).
         err.print(f"note: neither {base} nor {head} holds a <stack>/plan.json: no stack to compare")
+    elif not base_plans and not base_may_be_empty:
+        raise _no_base_plans(base, head, head_plans)
+    gone = [s for s in base_plans if s not in head_plans]
+    if gone and project is None:
+        err.print(
+            f"note: no project around the current folder or {head} to look for their stack files: "
+            f"{', '.join(gone)} read as removed (pass --project-dir if they were not previewed)"
+        )
     stacks: list[Any] = []
     for stack in sorted(set(base_plans) | set(head_plans)):
         old = load_plan(base_plans[stack]) if stack in base_plans else None
@@ -91,13 +125,24 @@ def diff(
         Path | None,
         typer.Option(
             help="The head's project: a stack without a head plan whose stack file is still "
-            "here was not previewed, not removed (default: the project holding HEAD)."
+            "here was not previewed, not removed (default: the current folder's project, "
+            "else the one holding HEAD)."
         ),
     ] = None,
+    base_may_be_empty: Annotated[
+        bool,
+        typer.Option(
+            "--base-may-be-empty",
+            help="A BASE folder without plans is not an error: every head stack is new "
+            "(CI, for a change that only adds stacks).",
+        ),
+    ] = False,
 ) -> None:
     """What a change means: quotas, capacity, storage, jobs, access, policy, every resource."""
     try:
-        report = diff_paths(base, head, head_project(head, project_dir))
+        report = diff_paths(
+            base, head, head_project(head, project_dir), base_may_be_empty=base_may_be_empty
+        )
     except (PlanError, ConfigError) as error:
         err.print(Text.assemble(("error: ", "bold red"), str(error)))
         raise typer.Exit(EXIT_USER_ERROR) from None
@@ -120,8 +165,28 @@ def changed_stacks(
     except ConfigError as error:
         err.print(Text.assemble(("error: ", "bold red"), str(error)))
         raise typer.Exit(EXIT_USER_ERROR) from None
+    explain(selection, selection.stacks)  # on stderr: stdout is the list CI reads
     for stack in sorted({*selection.stacks, *selection.removed}):
         print(stack)
+
+
+MAX_EVERYWHERE = 3  # files named as selecting every stack; the rest are counted
+
+
+def explain(selection: Selection, chosen: list[str]) -> None:
+    """Why each chosen stack is touched, on stderr. A file that selects every stack is named
+    once, with why: an untracked link selected every stack without a word (issue 41 #6)."""
+    shown = selection.everywhere[:MAX_EVERYWHERE]
+    for name, why in shown:
+        err.print(f"every stack: {name} changed ({why})")
+    if len(selection.everywhere) > len(shown):
+        err.print(f"every stack: and {len(selection.everywhere) - len(shown)} more such files")
+    for stack in chosen:
+        reasons = [r for r in selection.reasons[stack] if not r.startswith("shared file ")]
+        if not reasons:
+            continue
+        extra = f" (+{len(reasons) - 2} more)" if len(reasons) > 2 else ""
+        err.print(f"{stack}: {'; '.join(reasons[:2])}{extra}")
 
 
 def select_changed(project_dir: Path, ref: str, stacks: list[str] | None) -> list[str]:
@@ -131,10 +196,7 @@ def select_changed(project_dir: Path, ref: str, stacks: list[str] | None) -> lis
     """
     selection: Selection = stacks_changed_since(project_dir, ref)
     chosen = [s for s in selection.stacks if not stacks or s in stacks]
-    for stack in chosen:
-        reasons = selection.reasons[stack]
-        extra = f" (+{len(reasons) - 2} more)" if len(reasons) > 2 else ""
-        err.print(f"{stack}: {'; '.join(reasons[:2])}{extra}")
+    explain(selection, chosen)
     for stack in selection.removed:
         err.print(f"{stack}: stack file removed since {ref}; nothing to preview")
     if not chosen:

@@ -19,10 +19,23 @@ class Entry:
     """A team, pool, storage resource or job: added, removed or changed, with its changes."""
 
     key: str
-    status: str  # added | removed | changed
+    status: str  # added | removed | changed | replaced (storage)
     changes: list[Change] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     more: int = 0  # changes left out
+
+
+@dataclass(frozen=True)
+class DataPath:
+    """A changed path between storage and data: what a file system imports from S3 or exports
+    to it, where a team's volume points, whether it is still read-only."""
+
+    resource: str  # kind and name
+    action: str  # update | replace
+    field: str
+    before: Any
+    after: Any
+    note: str  # what it means: wider, elsewhere, writable
 
 
 @dataclass
@@ -54,6 +67,12 @@ class ResourceChange:
     # The changed inputs of an update, decoded; of a replacement, those that do not force it.
     changes: tuple[Change, ...] = ()
     more: int = 0  # changes left out
+    # A created resource that is another team's or pool's renamed: `team speech (as recsys's)`
+    twin: str = ""
+    forcing: tuple[str, ...] = ()  # a replacement's inputs that force it (raw paths)
+    # An update of dependencies alone: the engine diffs inputs, so it updates nothing in the
+    # cloud and only records the new order (pulumi step_generator.go: a "same" step).
+    only_dependencies: bool = False
 
 
 @dataclass
@@ -72,6 +91,12 @@ class StackDiff:
     groups: list[Entry] = field(default_factory=list)  # group queues' quotas
     access: list[AccessChange] = field(default_factory=list)
     created_updated: list[ResourceChange] = field(default_factory=list)  # every other change
+    data_paths: list[DataPath] = field(default_factory=list)
+
+    @property
+    def widened(self) -> list[AccessChange]:
+        """Changed grants that now allow more (access.widened)."""
+        return [a for a in self.access if a.widened]
 
     @property
     def has_changes(self) -> bool:

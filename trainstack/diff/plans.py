@@ -66,41 +66,96 @@ def _by_name(items: list[Any]) -> dict[str, Any] | None:
     return named if items and len(named) == len(items) else None
 
 
-def changed_paths(before: Any, after: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+FOLD = 3  # sibling values changed together that a report shows on one row
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, str | int | float | bool) or value is None
+
+
+def changed_paths(
+    before: Any, after: Any, prefix: str = "", *, fold: bool = False
+) -> list[tuple[str, Any, Any]]:
     """Leaf-level differences as (path, before, after).
 
     Lists of named objects pair their items by name (`env[name=FOO].value`, an added item as
     absent before): by position, one added env var shifted every later item, and a reviewer
     read `env[2]` (issue 23 #6). A pure reorder is one change of the name order. Other lists
-    of equal length compare element-wise.
+    of equal length compare element-wise; lists that grew or shrank, by the runs of items
+    that differ.
+
+    With `fold` (reports only: replacement rules read every leaf), FOLD or more plain values
+    changed in one map are one change of that map, `spec.capability` with `cpu: 3072,
+    memory: 32768Gi, …` before: a new pool changed five resources of three Queues alike,
+    fifteen rows (issue 41 #3).
     """
     if before == after:
         return []
     if isinstance(before, list) and isinstance(after, list):
         old_named, new_named = _by_name(before), _by_name(after)
         if old_named is not None and new_named is not None:
-            return _named_changes(old_named, new_named, prefix)
+            return _named_changes(old_named, new_named, prefix, fold)
     if isinstance(before, dict) and isinstance(after, dict):
-        found: list[tuple[str, Any, Any]] = []
-        for key in sorted(set(before) | set(after)):
-            path = f"{prefix}.{key}" if prefix else str(key)
-            if key not in before:
-                found.append((path, ABSENT, after[key]))
-            elif key not in after:
-                found.append((path, before[key], ABSENT))
-            else:
-                found.extend(changed_paths(before[key], after[key], path))
-        return found
+        return _dict_changes(before, after, prefix, fold)
     if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
-        found = []
+        found: list[tuple[str, Any, Any]] = []
         for index, (old, new) in enumerate(zip(before, after, strict=True)):
-            found.extend(changed_paths(old, new, f"{prefix}[{index}]"))
+            found.extend(changed_paths(old, new, f"{prefix}[{index}]", fold=fold))
         return found
+    if isinstance(before, list) and isinstance(after, list):
+        return _slice_changes(before, after, prefix)
     return [(prefix or "(value)", before, after)]
 
 
+def _dict_changes(
+    before: dict[str, Any], after: dict[str, Any], prefix: str, fold: bool
+) -> list[tuple[str, Any, Any]]:
+    found: list[tuple[str, Any, Any]] = []
+    plain = [
+        k
+        for k in sorted(set(before) & set(after))
+        if before[k] != after[k] and _scalar(before[k]) and _scalar(after[k])
+    ]
+    if not (fold and prefix and len(plain) >= FOLD):
+        plain = []
+    else:
+        found.append(
+            (
+                prefix,
+                ", ".join(f"{k}: {show(before[k])}" for k in plain),
+                ", ".join(f"{k}: {show(after[k])}" for k in plain),
+            )
+        )
+    for key in sorted(set(before) | set(after)):
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in before:
+            found.append((path, ABSENT, after[key]))
+        elif key not in after:
+            found.append((path, before[key], ABSENT))
+        elif key not in plain:
+            found.extend(changed_paths(before[key], after[key], path, fold=fold))
+    return found
+
+
+def _slice_changes(before: list[Any], after: list[Any], prefix: str) -> list[tuple[str, Any, Any]]:
+    """A list that grew or shrank, by the runs of items inserted, removed or replaced: one more
+    `--team-dir /checkpoints/speech` in a command line showed the whole list twice, cut at the
+    same length, and the two looked alike (issue 41 #3). A run is named by its slice of the
+    base, `args[15:15]` for an insertion after item 14."""
+    found: list[tuple[str, Any, Any]] = []
+    keys = (
+        [json.dumps(v, sort_keys=True) for v in before],
+        [json.dumps(v, sort_keys=True) for v in after],
+    )
+    matcher = difflib.SequenceMatcher(a=keys[0], b=keys[1], autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag != "equal":
+            found.append((f"{prefix}[{i1}:{i2}]", before[i1:i2] or ABSENT, after[j1:j2] or ABSENT))
+    return found
+
+
 def _named_changes(
-    before: dict[str, Any], after: dict[str, Any], prefix: str
+    before: dict[str, Any], after: dict[str, Any], prefix: str, fold: bool = False
 ) -> list[tuple[str, Any, Any]]:
     found: list[tuple[str, Any, Any]] = []
     for name in [*before, *(n for n in after if n not in before)]:
@@ -110,7 +165,7 @@ def _named_changes(
         elif name not in before:
             found.append((path, ABSENT, after[name]))
         else:
-            found.extend(changed_paths(before[name], after[name], path))
+            found.extend(changed_paths(before[name], after[name], path, fold=fold))
     if not found and list(before) != list(after):
         found.append((f"{prefix} (order)", list(before), list(after)))
     return found
@@ -168,6 +223,38 @@ def _line_changes(path: str, before: str, after: str) -> list[tuple[str, Any, An
     return found
 
 
+LONG_TEXT = 160  # characters: a one-line string longer than this changes by its edits
+CONTEXT = 16  # characters of unchanged text shown before each edit
+MAX_EDITS = 5  # distinct edits of one long string in a report; the rest are counted
+_TOKEN = re.compile(r"\w+|\s+|[^\w\s]")
+
+
+def _text_edits(path: str, before: str, after: str) -> list[tuple[str, Any, Any]]:
+    """A long one-line string (a CEL expression) by its edits, one line each, after a little
+    of the unchanged text before it; an edit made in several places is one line, counted.
+
+    A new pool lengthened the GPU-placement policy's 3 KB expression in six places, and the
+    report showed it whole, before and after (issue 41 #3).
+    """
+    old, new = _TOKEN.findall(before), _TOKEN.findall(after)
+    edits: dict[tuple[str, str], list[str]] = {}
+    matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag != "equal":
+            context = "".join(old[:i1])
+            context = "…" + context[-CONTEXT:] if len(context) > CONTEXT else context
+            key = ("".join(old[i1:i2]), "".join(new[j1:j2]))
+            edits.setdefault(key, []).append(context)
+    lines: tuple[list[str], list[str]] = ([], [])
+    for (removed, added), contexts in list(edits.items())[:MAX_EDITS]:
+        times = f" ({len(contexts)} places)" if len(contexts) > 1 else ""
+        lines[0].append(contexts[0] + removed + times)
+        lines[1].append(contexts[0] + added + times)
+    more = f", {len(edits) - MAX_EDITS} more not shown" if len(edits) > MAX_EDITS else ""
+    count = f"{len(edits)} edit" + ("s" if len(edits) > 1 else "")
+    return [(f"{path} (text, {count}{more})", "\n".join(lines[0]), "\n".join(lines[1]))]
+
+
 def _decoded_change(path: str, before: str, after: str) -> list[tuple[str, Any, Any]] | None:
     """A change of one encoded string as a reviewer reads it, or None when it is plain text.
 
@@ -185,6 +272,8 @@ def _decoded_change(path: str, before: str, after: str) -> list[tuple[str, Any, 
         return readable(changed_paths(old_doc, new_doc), f"{path} ({kind}) ")
     if "\n" in before or "\n" in after or path.endswith("(base64)"):
         return _line_changes(path, before, after)
+    if max(len(before), len(after)) > LONG_TEXT:
+        return _text_edits(path, before, after)
     return None
 
 

@@ -8,7 +8,9 @@ from typing import Any
 
 from trainstack.diff.access import AccessChange
 from trainstack.diff.model import NOT_PREVIEWED, DiffReport, Entry, ResourceChange, StackDiff
-from trainstack.diff.plans import Change, show
+from trainstack.diff.plans import ABSENT, Change, show
+from trainstack.diff.sections import STORAGE_TYPES
+from trainstack.diff.twins import kinds as count_kinds
 
 MARKER = "<!-- trainstack-plan-diff -->"  # finds the sticky pull-request comment again
 
@@ -16,6 +18,13 @@ MARKER = "<!-- trainstack-plan-diff -->"  # finds the sticky pull-request commen
 def _cell(value: Any) -> str:
     """One table cell: `|` escaped, line breaks shown as ⏎ (decoded user data, scripts)."""
     return show(value).replace("|", "\\|").replace("\n", " ⏎ ")
+
+
+def _listed(value: Any) -> str:
+    """A summary's value: a list of names as `[a, b]`, without JSON's quotes."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return f"[{', '.join(value)}]"
+    return show(value)
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -32,6 +41,10 @@ def _summary_line(stack: StackDiff) -> str:
     ]
     if stack.stateful_losses:
         parts.append(f"⚠️ **{len(stack.stateful_losses)} stateful replaced or deleted**")
+    if stack.data_paths:
+        parts.append(f"⚠️ **{len(stack.data_paths)} data path(s) changed**")
+    if stack.widened:
+        parts.append(f"⚠️ **{len(stack.widened)} grant(s) widened**")
     if stack.capacity.over:
         parts.append(f"⛔ **{len(stack.capacity.over)} capacity check(s) over**")
     if stack.policy.new:
@@ -47,15 +60,15 @@ def _summary_line(stack: StackDiff) -> str:
 def _entry_rows(entries: list[Entry]) -> list[list[Any]]:
     rows: list[list[Any]] = []
     for entry in entries:
-        if entry.status != "changed":
-            detail = ", ".join(f"{k}: {show(v)}" for k, v in entry.summary.items())
+        if entry.status not in ("changed", "replaced"):
+            detail = ", ".join(f"{k}: {_listed(v)}" for k, v in entry.summary.items())
             before, after = ("", detail) if entry.status == "added" else (detail, "")
             rows.append([entry.key, entry.status, "", before, after])
             continue
         for change in entry.changes:
-            rows.append([entry.key, "changed", change.field, change.before, change.after])
+            rows.append([entry.key, entry.status, change.field, change.before, change.after])
         if entry.more:
-            rows.append([entry.key, "changed", f"… and {entry.more} more", "", ""])
+            rows.append([entry.key, entry.status, f"… and {entry.more} more", "", ""])
     return rows
 
 
@@ -76,6 +89,24 @@ def _losses(stack: StackDiff) -> list[str]:
     for r in stack.stateful_losses:
         why = _why(r).replace("\n", " ⏎ ")
         out.append(f"- **{r.action.upper()}** `{r.type}` `{r.name}`: {r.stateful}. {why}")
+    return [*out, ""]
+
+
+def _risks(stack: StackDiff) -> list[str]:
+    """Data paths and widened grants, first, where a reviewer cannot miss them: a dataset
+    prefix opened to the whole bucket was "3 access changes" and "No storage changes"
+    (issue 41 #3). Grants widened alike (every team's policy) are one line."""
+    if not stack.data_paths and not stack.widened:
+        return []
+    out = ["#### ⚠️ Data paths and widened access", ""]
+    for p in stack.data_paths:
+        change = f"{p.field} {show(p.before)} → {show(p.after)}"
+        out.append(f"- **DATA PATH** `{p.resource}` ({p.action}): {change}: {p.note}")
+    alike: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for a in stack.widened:
+        alike.setdefault((a.kind, tuple(a.widened)), []).append(a.resource.split(" ", 1)[-1])
+    for (kind, wider), resources in alike.items():
+        out.append(f"- **WIDENED** {kind} `{names(resources)}`: now allows {'; '.join(wider)}")
     return [*out, ""]
 
 
@@ -149,52 +180,147 @@ def _access(stack: StackDiff) -> list[str]:
         return [*out, "No access changes.", ""]
     header = ["change", "access", "principal / subject", "policy / role / rule", "field"]
     rows: list[list[Any]] = []
+    twins: dict[str, list[str]] = {}
     for a in stack.access:
-        lead = [_access_change(a), a.kind, a.subject, a.grant]
+        if a.twin and not a.flags:
+            twins.setdefault(a.twin, []).append(a.kind)
+    for twin, grants in twins.items():
+        rows.append(["added", count_kinds(grants), twin, "each the same, renamed", "", "", ""])
+    for a in stack.access:
+        if a.twin and not a.flags:
+            continue
+        # The grant once, on its first row: a policy's summary runs to hundreds of characters
+        # and was repeated on each changed field (issue 41 #3).
+        lead: list[Any] = [_access_change(a), a.kind, a.subject, a.grant]
         if not a.changes:
             rows.append([*lead, "", "", ""])
         for change in a.changes:
             rows.append([*lead, change.field, change.before, change.after])
+            lead = ["″", "", "", ""]
         if a.more:
             rows.append([*lead, f"… and {a.more} more", "", ""])
     return out + _table([*header, "before", "after"], rows)
 
 
+def short_type(rtype: str) -> str:
+    """`kubernetes:scheduling.volcano.sh/v1beta1:Queue` as `Queue`: the kind, as the list's
+    summary counts them (plan.json and the JSON report have the whole type)."""
+    return rtype.rsplit(":", 1)[-1]
+
+
+def names(items: list[str]) -> str:
+    """Names with their common beginning written once: `trainstack-prod-volcano-queue-{group-
+    product, trainstack}`."""
+    if len(items) < 2:
+        return ", ".join(items)
+    first = items[0]
+    length = min(len(i) for i in items)
+    common = next((n for n in range(length) if any(i[n] != first[n] for i in items)), length)
+    cut = first.rfind("-", 0, common) + 1
+    if cut < 8:  # too little in common to be worth reading twice
+        return ", ".join(items)
+    return f"{first[:cut]}{{{', '.join(i[cut:] for i in items)}}}"
+
+
+MAX_NAMED_ORDERING = 3  # updates of dependencies alone named one by one; more are one row
+
+
+def _ordering_row(ordering: list[ResourceChange]) -> list[Any]:
+    """Updates of dependencies alone, many of them: one row of kinds and what they now depend
+    on (ten monitors that came to depend on a new queue were ten rows, issue 41 #3). The
+    engine updates none of them (ResourceChange.only_dependencies); plan.json and the JSON
+    report name each."""
+    added = {c.after: None for r in ordering for c in r.changes if c.field == "dependencies added"}
+    removed = {
+        c.before: None for r in ordering for c in r.changes if c.field == "dependencies removed"
+    }
+    return [
+        "update",
+        count_kinds([short_type(r.type) for r in ordering]),
+        f"{len(ordering)} resources: dependencies only, nothing to update in the cloud",
+        "dependencies added" if added and not removed else "dependencies",
+        "; ".join(removed) or ABSENT,
+        "; ".join(added) or ("(order)" if not removed else ABSENT),
+    ]
+
+
 def _created_updated(stack: StackDiff) -> list[str]:
-    """Every created and updated resource, collapsed: the summary's counts, each one listed."""
+    """Every created and updated resource, collapsed: the summary's counts, each one named.
+
+    One row per change, naming every resource of that type it was made to, and one per type
+    of created resources: the group queues' capabilities grew alike, and ten monitors gained
+    the same dependencies, each on rows of its own (issue 41 #3).
+    """
     if not stack.created_updated:
         return []
     created = sum(1 for r in stack.created_updated if r.action == "create")
     updated = len(stack.created_updated) - created
-    kinds = Counter(r.type.rsplit(":", 1)[-1] for r in stack.created_updated)
+    kinds = Counter(r.type.rsplit(":", 1)[-1] for r in stack.created_updated if not r.twin)
     by_kind = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-    rows: list[list[Any]] = []
+    renamed = sum(1 for r in stack.created_updated if r.twin)
+    if renamed:
+        by_kind += f"; and {renamed} another team's or pool's, renamed"
+    rows: dict[tuple[str, ...], tuple[list[Any], list[str]]] = {}
+    twins: dict[str, list[str]] = {}
+    ordering = [r for r in stack.created_updated if r.only_dependencies]
     for r in stack.created_updated:
+        if r.twin:
+            twins.setdefault(r.twin, []).append(short_type(r.type))
+            continue
+        if r.only_dependencies and len(ordering) > MAX_NAMED_ORDERING:
+            continue
         changes = list(r.changes) or [Change("", "", "")]
-        rows += [[r.action, r.type, r.name, c.field, c.before, c.after] for c in changes]
         if r.more:
-            rows.append([r.action, r.type, r.name, f"… and {r.more} more", "", ""])
+            changes.append(Change(f"… and {r.more} more", "", ""))
+        for c in changes:
+            # Updates alike share a row whatever their types; created ones, their type's.
+            kind = r.type if r.action == "create" else ""
+            key = (r.action, kind, c.field, json.dumps(c.before), json.dumps(c.after))
+            row, named = rows.setdefault(key, ([r.action, [], "", c.field, c.before, c.after], []))
+            if short_type(r.type) not in row[1]:
+                row[1].append(short_type(r.type))
+            named.append(r.name)
+    table = [
+        ["create", count_kinds(types), f"{len(types)} of {twin}, each renamed", "", "", ""]
+        for twin, types in twins.items()
+    ]
+    table += [[row[0], ", ".join(row[1]), names(named), *row[3:]] for row, named in rows.values()]
+    if len(ordering) > MAX_NAMED_ORDERING:
+        table.append(_ordering_row(ordering))
     return [
         "#### Created and updated resources",
         "",
         f"<details><summary>{created} created, {updated} updated: {by_kind}</summary>",
         "",
-        *_table(["action", "type", "name", "field", "before", "after"], rows),
+        *_table(["action", "type", "name", "field", "before", "after"], table),
         "</details>",
         "",
     ]
 
 
 def _resources(stack: StackDiff) -> list[str]:
+    """Replaced and deleted resources, each once: stateful ones are in the ⚠️ list, storage
+    ones in Storage (with the inputs that force a replacement), the rest here."""
     out = ["#### Replaced or deleted resources", ""]
-    stateless = [r for r in stack.resources if not r.stateful]
+    stateless = [r for r in stack.resources if not r.stateful and r.type not in STORAGE_TYPES]
+    elsewhere = [
+        text
+        for text, shown in (
+            ("the stateful ones above", stack.stateful_losses),
+            (
+                "storage ones under Storage",
+                len(stack.resources) - len(stateless) - len(stack.stateful_losses),
+            ),
+        )
+        if shown
+    ]
     if not stack.resources:
         out += ["None.", ""]
     elif not stateless:
-        out += ["Only the stateful ones above.", ""]
+        out += [f"Only {' and '.join(elsewhere)}.", ""]
     else:
-        if stack.stateful_losses:
-            out += ["Stateful ones are listed above.", ""]
+        if elsewhere:
+            out += [f"Besides {' and '.join(elsewhere)}:", ""]
         rows = [[r.action, r.type, r.name, _why(r)] for r in stateless]
         out += _table(["action", "type", "name", "why"], rows)
     if stack.outputs_changed:
@@ -210,6 +336,7 @@ def _stack_markdown(stack: StackDiff) -> list[str]:
     return [
         *out,
         *_losses(stack),
+        *_risks(stack),
         *_teams(stack),
         *_capacity(stack),
         *_listing("Storage", "resource", stack.storage, "No storage changes."),

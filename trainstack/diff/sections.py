@@ -7,8 +7,9 @@ from typing import Any
 
 from trainstack.builders.fabric import GPU_RESOURCE as GPU
 from trainstack.diff.capacity import Check, Inputs, capacity_checks, plan_inputs
-from trainstack.diff.model import Capacity, Entry, Policy
+from trainstack.diff.model import Capacity, DataPath, Entry, Policy
 from trainstack.diff.plans import ABSENT, VOLCANO_JOB, Change, changed_paths, get, limited, readable
+from trainstack.diff.twins import kinds as count_kinds
 from trainstack.outputs import team_slices
 from trainstack.policy.objects import Violation
 
@@ -128,13 +129,30 @@ def entries(
         else:
             fields = [*head[key], *(f for f in base[key] if f not in head[key])]
             changes = [
-                Change(f, base[key].get(f, ABSENT), head[key].get(f, ABSENT))
+                change
                 for f in fields
-                if base[key].get(f, ABSENT) != head[key].get(f, ABSENT)
+                for change in _field_changes(f, base[key].get(f, ABSENT), head[key].get(f, ABSENT))
             ]
             if changes:
                 found.append(Entry(key, "changed", changes))
     return found
+
+
+def _field_changes(name: str, before: Any, after: Any) -> list[Change]:
+    """One field of a team, group or pool: a list by what it gained and lost (a team on every
+    pool gains the new one: both lists whole were one long row, issue 41 #3)."""
+    if before == after:
+        return []
+    if not (isinstance(before, list) and isinstance(after, list)) or sorted(
+        map(str, before)
+    ) == sorted(map(str, after)):
+        return [Change(name, before, after)]
+    gained = [v for v in after if v not in before]
+    lost = [v for v in before if v not in after]
+    return [
+        *([Change(f"{name} added", ABSENT, gained)] if gained else []),
+        *([Change(f"{name} removed", lost, ABSENT)] if lost else []),
+    ]
 
 
 def _pool_view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -227,10 +245,17 @@ def _lowering_checks(base: dict[str, Any], head: dict[str, Any]) -> list[Check]:
 
 
 def storage_section(
-    base: dict[str, Any], head: dict[str, Any], shown: set[str] | None = None
+    base: dict[str, Any],
+    head: dict[str, Any],
+    shown: set[str] | None = None,
+    twins: dict[tuple[str, str], str] | None = None,
+    replaced: dict[str, list[str]] | None = None,
 ) -> list[Entry]:
-    """Storage resources added, removed or changed; those in `shown` (replaced or deleted,
-    listed with their changes and reasons elsewhere) are left out, so each appears once."""
+    """Storage resources added, removed, replaced or changed; those in `shown` (stateful ones
+    replaced or deleted, listed first in the report) are left out, so each appears once.
+    `replaced` names the others the change replaces, with the inputs that force it: the
+    data repository association's replacement was in no storage row (issue 41 #3).
+    Added ones that are another team's renamed (`twins`) are one entry per team."""
 
     def view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
         return {
@@ -241,10 +266,14 @@ def storage_section(
 
     old, new = view(base), view(head)
     entries: list[Entry] = []
+    renamed: dict[str, list[str]] = {}
     for key in sorted(set(old) | set(new)):
         if key in (shown or set()):
             continue
-        if key not in old:
+        twin = (twins or {}).get((new[key]["type"], new[key]["name"]), "") if key in new else ""
+        if key not in old and twin:
+            renamed.setdefault(twin, []).append(key.split(" ", 1)[0])
+        elif key not in old:
             entries.append(Entry(key, "added", summary=_storage_summary(new[key])))
         elif key not in new:
             entries.append(Entry(key, "removed", summary=_storage_summary(old[key])))
@@ -254,10 +283,85 @@ def storage_section(
                 for d in changed_paths(old[key].get("inputs"), new[key].get("inputs"))
                 if not d[0].startswith(("tags", "metadata.labels"))
             ]
+            forcing = (replaced or {}).get(key)
+            if forcing is not None:
+                diffs = [
+                    (f"{p} (forces replacement)" if p in forcing else p, b, a)
+                    for p, b, a in sorted(diffs, key=lambda d: d[0] not in forcing)
+                ]
             if diffs:
                 kept, more = limited(readable(diffs))
-                entries.append(Entry(key, "changed", kept, more=more))
-    return entries
+                status = "replaced" if forcing is not None else "changed"
+                entries.append(Entry(key, status, kept, more=more))
+    twins_first = [
+        Entry(twin, "added", summary={"each renamed": count_kinds(kinds)})
+        for twin, kinds in renamed.items()
+    ]
+    return twins_first + entries
+
+
+# Inputs that say which data a file system or a team's volume holds, per type.
+DATA_PATHS = {
+    "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation": (
+        "dataRepositoryPath",
+        "fileSystemPath",
+    ),
+    "aws:fsx/lustreFileSystem:LustreFileSystem": ("importPath", "exportPath"),
+    "kubernetes:core/v1:PersistentVolume": (
+        "spec.csi.volumeAttributes.mountname",
+        "spec.csi.volumeHandle",
+        "spec.mountOptions",
+    ),
+}
+
+
+def _inside(path: str, folder: str) -> bool:
+    """`s3://b/data/x` is inside `s3://b/data/` and `s3://b/data`; `s3://b/database` is not."""
+    return path.startswith(folder) and (
+        folder.endswith(("/", ":")) or path[len(folder) : len(folder) + 1] in ("", "/", ":")
+    )
+
+
+def _path_note(field: str, before: Any, after: Any) -> str | None:
+    """What a changed path means for whoever reads the data; None when it narrows access
+    (mount options that stay or become read-only)."""
+    if field == "spec.mountOptions":
+        was_ro, is_ro = "ro" in (before or []), "ro" in (after or [])
+        return "no longer read-only" if was_ro and not is_ro else None
+    if isinstance(before, str) and isinstance(after, str) and _inside(before, after):
+        return "wider: the new path holds the old one"
+    if isinstance(before, str) and isinstance(after, str) and _inside(after, before):
+        return "narrower: inside the old path"
+    return "points elsewhere"
+
+
+def data_paths(
+    base: dict[str, Any], head: dict[str, Any], replaced: set[tuple[str, str]]
+) -> list[DataPath]:
+    """Paths between storage and data that changed: a dataset prefix set to "" let every
+    team read the whole bucket, and the report flagged nothing (issue 41 #3)."""
+    old = {(r["type"], r["name"]): r for r in base["resources"] if r.get("type") in DATA_PATHS}
+    found: list[DataPath] = []
+    for resource in head["resources"]:
+        ref = (resource.get("type", ""), resource.get("name", ""))
+        if ref not in old:
+            continue
+        for field in DATA_PATHS[ref[0]]:
+            before = get(old[ref].get("inputs"), *field.split("."))
+            after = get(resource.get("inputs"), *field.split("."))
+            note = _path_note(field, before, after) if before != after else None
+            if note is not None:
+                found.append(
+                    DataPath(
+                        f"{ref[0].rsplit(':', 1)[-1]} {ref[1]}",
+                        "replace" if ref in replaced else "update",
+                        field,
+                        ABSENT if before is None else before,
+                        ABSENT if after is None else after,
+                        note,
+                    )
+                )
+    return found
 
 
 def _storage_summary(resource: dict[str, Any]) -> dict[str, Any]:
