@@ -31,3 +31,4 @@ else:
     pulumi.export(out.TEAM, config.team)
     pulumi.export(out.NAMESPACE, team.namespace)
     pulumi.export(out.PLATFORM_STACK, config.platform_stack)
+    pulumi.export(out.LIMITS, team.limits)

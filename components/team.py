@@ -62,6 +62,7 @@ class TeamStack(pulumi.ComponentResource):
     """Reads the platform's outputs; the team's jobs (later) are created under it."""
 
     namespace: pulumi.Output[str]
+    limits: pulumi.Output[dict[str, Any]]
     k8s_provider: k8s.Provider
 
     def __init__(
@@ -92,6 +93,7 @@ class TeamStack(pulumi.ComponentResource):
             lambda outputs: PlatformView({k: (outputs or {}).get(k) for k in keys})
         )
         self.namespace = view.apply(lambda v: check_team(args, v))
+        self.limits = view.apply(lambda v: out.team_limits(v.team(args.team) or {}))
         kubeconfig = stack_output(platform, out.KUBECONFIG)
         context = stack_output(platform, out.KUBE_CONTEXT)
         self.k8s_provider = k8s.Provider(

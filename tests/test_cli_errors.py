@@ -84,11 +84,9 @@ def test_a_non_finite_platform_setting_is_refused_by_the_preview(tmp_path: Path)
     root = project(tmp_path)
     prod = root / "stacks" / "Pulumi.prod.yaml"
     text = prod.read_text()
-    assert "    registry:\n" in text
+    assert "    policy:\n" in text  # prod's own policy section (its allowed registries)
     prod.write_text(
-        text.replace(
-            "    registry:\n", "    policy: {maxCpuLimitRequestRatio: .inf}\n    registry:\n", 1
-        )
+        text.replace("    policy:\n", "    policy:\n      maxCpuLimitRequestRatio: .inf\n", 1)
     )
     result = run("preview", "prod", "--project-dir", str(root), "--out", str(tmp_path / "o"))
     assert result.exit_code == 1

@@ -15,9 +15,10 @@ from typer.testing import CliRunner
 
 from tests.conftest import EXAMPLE_STACKS, ROOT, STACKS
 from trainstack.cli import app
+from trainstack.policy.objects import VOLCANO_JOB
 from trainstack.preview.mocks import RecordingMocks
-from trainstack.preview.plan import Plan
-from trainstack.preview.summary import capacity_text
+from trainstack.preview.plan import Plan, Resource
+from trainstack.preview.summary import capacity_text, jobs_text
 from trainstack.preview.synth import run_mocked, synth
 
 FIVE_MISTAKES = ROOT / "tests" / "config" / "fixtures" / "invalid" / "five-mistakes.yaml"
@@ -148,14 +149,114 @@ def test_platform_preview_prints_the_capacity_arithmetic(tmp_path: Path) -> None
     assert out.rstrip().endswith("policy: no violations")
 
 
-def test_team_preview_prints_no_capacity_section(tmp_path: Path) -> None:
+def test_team_preview_prints_its_jobs_against_its_limits(tmp_path: Path) -> None:
+    """Issue 41 #6: a team's preview listed its jobs as resources only, without GPUs, pool,
+    priority, duration or their sum against the team's limits."""
     result = runner.invoke(
         app, ["preview", "vision", "--out", str(tmp_path), "--project-dir", str(ROOT)]
     )
     assert result.exit_code == 0, result.output
-    assert "resources by component" in result.output
+    out = result.output
+    assert "resources by component" in out
     for text in ("capacity", "firm", "Σ", "GPU pools", "group queues"):
-        assert text not in result.output, text
+        assert text not in out, text
+    # The limits come from the platform's team slice, through the team stack's `limits` output.
+    plan = json.loads((tmp_path / "vision" / "plan.json").read_text())
+    assert plan["outputs"]["limits"] == {
+        "gpus": {"guarantee": 16, "deserved": 40, "capability": 64},
+        "maxJobHours": 168,
+    }
+    assert "jobs of team vision" in out
+    assert re.search(r"┃\s*job\s*┃\s*GPUs\s*┃\s*pool\s*┃\s*priority\s*┃\s*max duration\s*┃", out)
+    assert _row("demo-train", 2, "h100-reserved", "normal", "24h").search(out)
+    assert _row("embeddings-ps", 8, "h200-burst", "normal", "48h").search(out)
+    assert _row("fsdp-multinode", 32, "h100-block", "normal", "72h").search(out)
+    assert _row("all jobs", 42, "", "", "72h").search(out)
+    assert _row("team's limit", 64, "", "", "168h").search(out)
+    note = (
+        "team vision: 16 GPUs guaranteed, 40 deserved, at most 64 at once (its queue's "
+        "capability); all jobs together need 42, 2 above its fair share: teams below theirs "
+        "may reclaim those"
+    )
+    assert " ".join(out.split()).count(note) == 1
+    assert out.index(" Kubernetes objects, ") < out.index("jobs of team vision")
+    assert out.rstrip().endswith("policy: no violations")
+
+
+def _team_plan(gpus: list[int], limits: dict[str, object] | None) -> Plan:
+    """A team plan with one 1-replica job per entry of `gpus`, and the given `limits`."""
+    jobs = tuple(
+        Resource(
+            VOLCANO_JOB,
+            f"team-t-j{i}-volcano",
+            "",
+            "",
+            True,
+            {
+                "metadata": {
+                    "name": f"j{i}",
+                    "labels": {"trainstack.io/pool": "p"},
+                    "annotations": {"trainstack.io/max-duration-seconds": "5400"},
+                },
+                "spec": {
+                    "priorityClassName": "trainstack-high",
+                    "tasks": [
+                        {
+                            "replicas": 1,
+                            "template": {
+                                "spec": {
+                                    "containers": [
+                                        {"resources": {"limits": {"nvidia.com/gpu": str(n)}}}
+                                    ]
+                                }
+                            },
+                        }
+                    ],
+                },
+            },
+            (),
+        )
+        for i, n in enumerate(gpus)
+    )
+    outputs: dict[str, object] = {"team": "t"}
+    if limits is not None:
+        outputs["limits"] = limits
+    return Plan("t", "team", jobs, outputs)
+
+
+LIMITS = {"gpus": {"guarantee": 4, "deserved": 8, "capability": 12}, "maxJobHours": 24}
+
+
+@pytest.mark.parametrize(
+    ("gpus", "tail"),
+    [
+        ([2, 2], ""),
+        ([4, 2], "; all jobs together need 6, 2 beyond the guarantee: only 4 are held for the "
+         "team"),
+        ([8, 2], "; all jobs together need 10, 2 above its fair share: teams below theirs may "
+         "reclaim those"),
+        ([8, 8], "; all jobs together need 16, more than 12: they cannot all run at once, the "
+         "rest wait in the queue"),
+    ],
+)  # fmt: skip
+def test_jobs_text_says_what_the_sum_means_for_the_team(gpus: list[int], tail: str) -> None:
+    text = jobs_text(_team_plan(gpus, LIMITS), width=200)
+    assert _row("j0", gpus[0], "p", "high", "1.5h").search(text)
+    assert _row("all jobs", sum(gpus), "", "", "1.5h").search(text)
+    assert _row("team's limit", 12, "", "", "24h").search(text)
+    lines = [line for line in text.splitlines() if line.startswith("team t:")]
+    assert lines == [
+        "team t: 4 GPUs guaranteed, 8 deserved, at most 12 at once (its queue's capability)" + tail
+    ]
+
+
+def test_jobs_text_of_plans_without_jobs_or_limits() -> None:
+    assert jobs_text(Plan("p", "platform", (), {})) == ""
+    assert jobs_text(_team_plan([], LIMITS)).strip() == "team t: no jobs"
+    old = jobs_text(_team_plan([1], None), width=200)
+    assert _row("all jobs", 1, "", "", "1.5h").search(old)
+    assert not re.search(r"│\s*team's limit\s*│", old)
+    assert "the team's limits are not in this plan" in old
 
 
 PROD_LIKE: dict[str, object] = {
@@ -287,7 +388,8 @@ def test_team_plan_feeds_platform_outputs(example_plans: dict[str, Plan]) -> Non
     team = example_plans["vision"]
     assert team.kind == "team"
     assert team.outputs == {
-        "jobs": ["demo-train", "embeddings-ps"],
+        "jobs": ["demo-train", "embeddings-ps", "fsdp-multinode"],
+        "limits": {"gpus": {"capability": 64, "deserved": 40, "guarantee": 16}, "maxJobHours": 168},
         "namespace": "vision",
         "platformStack": "organization/trainstack/prod",
         "team": "vision",

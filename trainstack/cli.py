@@ -31,7 +31,7 @@ from trainstack.jobs.spec import advice, load_job
 from trainstack.preview import policy_config as policy_files
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan, normalise, write_plan
-from trainstack.preview.summary import capacity_renderables
+from trainstack.preview.summary import capacity_renderables, jobs_renderables
 from trainstack.preview.validate import Validator
 from trainstack.yamlio import YamlSyntaxError
 
@@ -203,8 +203,9 @@ def print_summary(plan: Plan, out_dir: Path, seconds: float) -> None:
         f"{len(plan.outputs)} outputs -> {shown(out_dir)} ({seconds:.1f}s)",
         soft_wrap=True,
     )
-    # Platform stacks: firm vs elastic GPUs and what the queues promise (nothing for teams).
-    for renderable in capacity_renderables(plan.outputs):
+    # Platform stacks: firm vs elastic GPUs and what the queues promise; team stacks: their
+    # jobs against the team's limits.
+    for renderable in [*capacity_renderables(plan.outputs), *jobs_renderables(plan)]:
         console.print(renderable)
 
 

@@ -43,6 +43,9 @@ TEAM: Final = "team"
 NAMESPACE: Final = "namespace"
 PLATFORM_STACK: Final = "platformStack"
 JOBS: Final = "jobs"  # names of the team's training jobs
+# The team's limits as its platform sets them (`team_limits`): what the preview sums the
+# team's jobs against (issue 41), and `pulumi stack output limits` shows a team.
+LIMITS: Final = "limits"
 
 SECRET_OUTPUTS: Final = frozenset({KUBECONFIG})
 
@@ -112,4 +115,14 @@ def team_slices(outputs: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
         key.removeprefix(TEAM_PREFIX): _decode(value)
         for key, value in outputs.items()
         if key.startswith(TEAM_PREFIX) and isinstance(value, str)
+    }
+
+
+def team_limits(team: Mapping[str, Any]) -> dict[str, Any]:
+    """A team stack's `limits` output from its slice of the platform's outputs: its queue's
+    GPUs (guarantee, deserved, capability) and the longest maximum duration its jobs may set."""
+    gpus = (team.get("scheduling") or {}).get("gpus") or {}
+    return {
+        "gpus": {k: gpus[k] for k in ("guarantee", "deserved", "capability") if k in gpus},
+        "maxJobHours": team.get("maxJobHours"),
     }

@@ -39,6 +39,11 @@ def triangle(gpus: int) -> str:
         for name, pools in (("t1", "a, b"), ("t2", "b, c"), ("t3", "a, c"))
     )
     registry = f"    registry:\n      teams:\n{teams}"
+    # dev's price row is for its spot pool; these pools are on demand (a pool without a price
+    # is a config error, issue 41).
+    priced = "{instanceType: g6e.12xlarge, capacity: spot,"
+    assert priced in tail
+    tail = tail.replace(priced, "{instanceType: g6e.12xlarge, capacity: onDemand,")
     return f"{head}    gpuPools:\n{pools}{registry}    monitoring:\n{tail}"
 
 

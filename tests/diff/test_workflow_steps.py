@@ -185,12 +185,13 @@ def test_violations_still_compare_with_the_base_and_fail_the_job(tmp_path: Path)
     repo, base = _repository(tmp_path)
     stack = repo / "stacks" / "Pulumi.prod.yaml"
     text = stack.read_text(encoding="utf-8")
+    allowed = (  # prod's own list (issue 41), replaced by one the demo images are not from
+        "      allowedRegistries:\n        - 111122223333.dkr.ecr.us-east-1.amazonaws.com/\n"
+        "        - registry.example.com/\n"
+    )
+    assert allowed in text
     stack.write_text(
-        text.replace(
-            "\n    registry:\n",
-            "\n    policy:\n      allowedRegistries: [other.example.com/]\n    registry:\n",
-            1,
-        ),
+        text.replace(allowed, "      allowedRegistries: [other.example.com/]\n", 1),
         encoding="utf-8",
     )
     _commit(repo, "only another registry")

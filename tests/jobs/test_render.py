@@ -27,6 +27,7 @@ from trainstack.preview.plan import Plan, normalise
 
 DEMO = ROOT / "job_specs" / "vision" / "demo-train.yaml"
 PS = ROOT / "job_specs" / "vision" / "embeddings-ps.yaml"
+FSDP = ROOT / "job_specs" / "vision" / "fsdp-multinode.yaml"
 
 
 @pytest.fixture
@@ -353,9 +354,9 @@ def test_render_job_cli_equals_what_the_team_stack_registers(
         for r in example_plans["vision"].resources
         if r.type == "kubernetes:batch.volcano.sh/v1alpha1:Job"
     }
-    assert set(registered) == {"demo-train", "embeddings-ps"}
+    assert set(registered) == {"demo-train", "embeddings-ps", "fsdp-multinode"}
     runner = CliRunner()
-    for name, path in (("demo-train", DEMO), ("embeddings-ps", PS)):
+    for name, path in (("demo-train", DEMO), ("embeddings-ps", PS), ("fsdp-multinode", FSDP)):
         result = runner.invoke(
             app, ["render-job", str(path), "--stack", "vision", "--project-dir", str(ROOT)]
         )

@@ -16,10 +16,13 @@ from tests.conftest import EXAMPLE_STACKS, ROOT, STACKS
 from tests.policy.crossguard import analyze
 from tests.policy.test_equivalence import CASES, CONFIG, Mutation, demo_job
 from trainstack.cli import app
+from trainstack.config import PlatformConfig, load_stack_file
+from trainstack.policy.admission import admission_policies
 from trainstack.policy.aws_rules import AWS_RULES
 from trainstack.policy.objects import VOLCANO_JOB
 from trainstack.policy.pack import crossguard_policies, evaluate
 from trainstack.policy.rules import K8S_RULES, RULES
+from trainstack.policy.settings import levels, pack_config, rule_config
 from trainstack.policy.stack_rules import STACK_RULES
 from trainstack.preview.plan import Plan
 
@@ -310,10 +313,12 @@ def test_preview_fails_on_a_job_that_breaks_a_rule(tmp_path: Path) -> None:
     (tmp_path / "stacks").mkdir()
     prod = (STACKS / "Pulumi.prod.yaml").read_text()
     # The platform now only trusts another registry; the demo job's image is not from it.
-    prod = prod.replace(
-        "    registry:\n      groups:",
-        "    policy: {allowedRegistries: [trusted.example.com/]}\n    registry:\n      groups:",
+    allowed = (
+        "      allowedRegistries:\n        - 111122223333.dkr.ecr.us-east-1.amazonaws.com/\n"
+        "        - registry.example.com/\n"
     )
+    assert allowed in prod
+    prod = prod.replace(allowed, "      allowedRegistries: [trusted.example.com/]\n")
     (tmp_path / "stacks" / "Pulumi.prod.yaml").write_text(prod)
     shutil.copy(STACKS / "Pulumi.vision.yaml", tmp_path / "stacks" / "Pulumi.vision.yaml")
     shutil.copytree(ROOT / "job_specs", tmp_path / "job_specs")
@@ -326,15 +331,87 @@ def test_preview_fails_on_a_job_that_breaks_a_rule(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "o" / "vision" / "plan.json").read_text())["policy"]
     messages = [v["message"] for v in report["violations"] if v["rule"] == "pinned-images"]
     assert messages, report
-    # What is allowed, not only what is not (issue 18, class 9).
-    assert all(
-        "is not from an allowed registry (allowed: trusted.example.com/)" in m for m in messages
+    # What is allowed, not only what is not (issue 18, class 9), and where it is set (issue 41):
+    # every task of every job, one line each.
+    assert {m.split("' ", 1)[1] for m in messages} == {
+        "is not from an allowed registry. Fix: use image@sha256:… from trusted.example.com/ "
+        "(set in trainstack:platform.policy.allowedRegistries of platform stack prod)"
+    }
+    assert f"task master: image '{DEMO_IMAGE}' is not from an allowed registry" in "\n".join(
+        messages
     )
-    assert all(
-        "Fix: use image@sha256:… (production), otherwise image:<build tag> or a digest, from an "
-        "allowed registry" in m
-        for m in messages
-    )
+
+
+DEMO_IMAGE = (
+    "registry.example.com/vision/demo-train:2025Q1@sha256:"
+    "1e5b7f84f31821f24d5f26cc54a918639c1f6cd9cc9e7ccc32f25c93d5213714"
+)
+# prod's fix for pinned-images: its environment's pin, its registries and where they are set.
+PROD_FIX = (
+    "use image@sha256:… from 111122223333.dkr.ecr.us-east-1.amazonaws.com/ or "
+    "registry.example.com/ (set in trainstack:platform.policy.allowedRegistries of platform "
+    "stack prod)"
+)
+
+
+def _pinned_images(stack: str, image: str, example_plans: dict[str, Plan]) -> list[str]:
+    """The demo job with `image`, judged by `stack`'s own settings (its stack file)."""
+    platform = load_stack_file(STACKS / f"Pulumi.{stack}.yaml")
+    assert isinstance(platform, PlatformConfig)
+    job = demo_job(example_plans["vision"])
+    for task in job["spec"]["tasks"]:
+        task["template"]["spec"]["containers"][0]["image"] = image
+    found = evaluate([(VOLCANO_JOB, "job", job)], pack_config(platform), levels(platform))
+    return sorted(v.message for v in found if v.rule == "pinned-images" and v.level == "mandatory")
+
+
+def test_prod_refuses_an_image_from_another_registry(example_plans: dict[str, Plan]) -> None:
+    """Issue 41 #5: the production example named no registry, so any was accepted."""
+    digest = "@sha256:" + "1e5b7f84f31821f24d5f26cc54a918639c1f6cd9cc9e7ccc32f25c93d5213714"
+    fix = f"Fix: {PROD_FIX}"
+    assert _pinned_images("prod", f"docker.io/someone/train{digest}", example_plans) == [
+        f"task {task}: image 'docker.io/someone/train{digest}' is not from an allowed registry. "
+        + fix
+        for task in ("master", "worker")
+    ]
+    ecr = f"111122223333.dkr.ecr.us-east-1.amazonaws.com/vision/train{digest}"
+    assert _pinned_images("prod", ecr, example_plans) == []
+    assert _pinned_images("prod", DEMO_IMAGE, example_plans) == []
+    # A tag alone on prod: the fix names the registries the stack sets, and where.
+    tagged = "registry.example.com/vision/demo-train:2025Q1"
+    assert _pinned_images("prod", tagged, example_plans) == [
+        f"task {task}: image '{tagged}' is not pinned by a digest (production). " + fix
+        for task in ("master", "worker")
+    ]
+
+
+def test_the_fix_names_no_registry_where_the_stack_allows_any(
+    example_plans: dict[str, Plan],
+) -> None:
+    """Issue 41 #5: dev sets no allowedRegistries, so its fix must not send users to "an
+    allowed registry"; the admission policies' messages follow each stack the same way."""
+    assert _pinned_images(
+        "dev", "registry.example.com/vision/demo-train:latest", example_plans
+    ) == [
+        f"task {task}: image 'registry.example.com/vision/demo-train:latest' is not pinned by a "
+        "build tag or a digest. Fix: use image:<build tag> or image@sha256:…"
+        for task in ("master", "worker")
+    ]
+    messages = {}
+    for stack in ("dev", "prod"):
+        platform = load_stack_file(STACKS / f"Pulumi.{stack}.yaml")
+        assert isinstance(platform, PlatformConfig)
+        policy = next(
+            m
+            for m in admission_policies(rule_config(platform), stack)
+            if m["kind"] == "ValidatingAdmissionPolicy"
+            and m["metadata"]["name"].endswith("pinned-images")
+        )
+        messages[stack] = policy["spec"]["validations"][0]["message"].split(". Fix: ")[1]
+    assert messages == {
+        "dev": "use image:<build tag> or image@sha256:…",
+        "prod": PROD_FIX,
+    }
 
 
 def test_advisory_rules_warn_without_failing(

@@ -94,12 +94,13 @@ def test_the_command_checks_and_writes(tmp_path: Path) -> None:
     project = _project(tmp_path)
     assert _run("--check", "--project-dir", str(project)).exit_code == 0
     prod = project / "stacks" / "Pulumi.prod.yaml"
-    prod.write_text(
-        prod.read_text().replace(
-            "    registry:\n      groups:",
-            "    policy: {allowedRegistries: [trusted.example.com/]}\n    registry:\n      groups:",
-        )
+    text = prod.read_text()
+    allowed = (
+        "      allowedRegistries:\n        - 111122223333.dkr.ecr.us-east-1.amazonaws.com/\n"
+        "        - registry.example.com/\n"
     )
+    assert allowed in text
+    prod.write_text(text.replace(allowed, "      allowedRegistries: [trusted.example.com/]\n"))
     (project / "policies" / "config" / "gone.json").write_text("{}\n")
     checked = _run("--check", "--project-dir", str(project))
     assert checked.exit_code == 1

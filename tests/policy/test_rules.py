@@ -175,12 +175,35 @@ def test_every_pack_setting_is_read_under_its_schema_key() -> None:
         "teamPriorityClasses": {"vision": ["trainstack-normal"]},
         "poolsByName": {"h100": {"trainstack.io/pool": "h100"}},
         "teamPools": {"vision": ["h100"]},
+        "platformStack": "prod",
     }
     assert set(values) == set(CONFIG_SCHEMA.properties)
     default = Config.from_mapping({})
     assert default == Config()
     for key, value in values.items():
         assert Config.from_mapping({key: value}) != default, key
+
+
+@pytest.mark.parametrize(
+    ("config", "fix"),
+    [
+        ({}, "use image:<build tag> or image@sha256:…"),
+        ({"production": True}, "use image@sha256:…"),
+        (
+            {"allowedRegistries": ["a.example/", "b.example/"]},
+            "use image:<build tag> or image@sha256:… from a.example/ or b.example/ (set in "
+            "trainstack:platform.policy.allowedRegistries of the platform stack)",
+        ),
+        (
+            {"allowedRegistries": ["a.example/"], "production": True, "platformStack": "prod"},
+            "use image@sha256:… from a.example/ (set in trainstack:platform.policy."
+            "allowedRegistries of platform stack prod)",
+        ),
+    ],
+)
+def test_the_pinned_images_fix_is_the_stacks_own(config: dict[str, Any], fix: str) -> None:
+    """Issue 41 #5: the fix named "an allowed registry" on stacks that allow any."""
+    assert RULES["pinned-images"].remediation_for(Config.from_mapping(config)) == fix
 
 
 # -- checkpoints -------------------------------------------------------------------------------

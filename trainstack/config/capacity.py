@@ -400,16 +400,23 @@ def _teams_text(teams: list[Team], deserved: bool) -> str:
 
 def _group_issues(cfg: PlatformConfig) -> list[ConfigIssue]:
     issues = []
+    teams = "trainstack:platform.registry.teams"
     for index, group in enumerate(cfg.registry.groups):
         children = [t for t in cfg.registry.teams if t.group == group.name]
         need = sum(t.quota.gpus for t in children)
         if group.quota_gpus is not None and group.quota_gpus < need:
+            # Each team's value with where it is set: the fix may be on either side.
+            where = " + ".join(
+                f"{t.name} {t.quota.gpus} ({teams}[{i}].quota.gpus)"
+                for i, t in enumerate(cfg.registry.teams)
+                if t.group == group.name
+            )
             issues.append(
                 ConfigIssue(
                     f"trainstack:platform.registry.groups[{index}].quota.gpus",
                     f"group {group.name} guarantees {group.quota_gpus} GPUs but its teams "
-                    f"{_teams_text(children, False)} = {need}; a parent's guarantee must cover "
-                    "its children's",
+                    f"guarantee {need}: {where}; a parent's guarantee must cover its "
+                    f"children's: raise this to at least {need} or lower the teams' quota.gpus",
                 )
             )
         guarantee, _ = group_envelope(cfg, group)

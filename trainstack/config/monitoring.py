@@ -44,6 +44,41 @@ def monitoring_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
             issues += _receiver_issues(receiver, join_path(rpath, index), teams)
     prices = list(dict_items(section.get("prices")))
     issues += _price_issues(prices, join_path(path, "prices"))
+    issues += _unpriced_pools(doc, root, [p for _, p in prices])
+    return issues
+
+
+def _unpriced_pools(
+    doc: Mapping[str, Any], root: str, prices: list[Mapping[str, Any]]
+) -> list[ConfigIssue]:
+    """Issue 41: with a price table, an AWS pool without a row would cost nothing: the cost
+    rules join a node's (instance type, capacity) labels with the table, and a node without a
+    match drops out of the join (builders/monitoring/rules.py accounting_rules). No table at
+    all is different: no cost series exist. Existing clusters declare no instance types, so
+    their nodes cannot be checked here (docs/monitoring.md)."""
+    if doc.get("cloud") != "aws" or not prices:
+        return []
+    priced = {(p.get("instanceType"), p.get("capacity")) for p in prices}
+    unpriced: dict[tuple[str, str], list[str]] = {}  # one issue per missing row, all its pools
+    for index, pool in dict_items(doc.get("gpuPools")):
+        instance, capacity = pool.get("instanceType"), pool.get("capacity", {"type": "onDemand"})
+        kind = capacity.get("type") if isinstance(capacity, Mapping) else None
+        if not isinstance(instance, str) or not isinstance(kind, str):
+            continue  # the schema reports the wrong shape
+        if (instance, kind) not in priced:
+            where = join_path(root, "gpuPools", index)
+            unpriced.setdefault((instance, kind), []).append(f"{pool.get('name')!r} ({where})")
+    issues = []
+    for (instance, kind), pools in unpriced.items():
+        issues.append(
+            ConfigIssue(
+                join_path(root, "monitoring", "prices"),
+                f"no price for {instance} capacity {kind}, so accounting would count the GPUs "
+                f"of pool{'s' if len(pools) > 1 else ''} {', '.join(pools)} at 0 USD; add "
+                f"{{instanceType: {instance}, capacity: {kind}, usdPerInstanceHour: …}} "
+                "(or usdPerGpuHour)",
+            )
+        )
     return issues
 
 

@@ -190,6 +190,18 @@ def intrinsic_issues(doc: Mapping[str, Any], root: str = "job") -> list[ConfigIs
             )
         )
     issues += _image_issues(spec.get("image"), join_path(spath, "image"))
+    checkpoint = spec.get("checkpoint")
+    if isinstance(checkpoint, Mapping) and checkpoint.get("resume") is False:
+        # Nothing renders it into the pod: whether a run restores is the training program's
+        # call (Session.restore), so `false` was silently ignored (issue 41, found in review).
+        issues.append(
+            ConfigIssue(
+                join_path(spath, "checkpoint", "resume"),
+                "false is not honoured: the pod resumes as its training program decides "
+                "(Session.restore, docs/runtime.md); remove the field, and skip the restore "
+                "in the program to start fresh",
+            )
+        )
     issues += structural_issues(doc, root)
     for key in ("workers", "parameterServers"):
         replica = spec.get(key)

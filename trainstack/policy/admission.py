@@ -467,7 +467,7 @@ def admission_policies(
             validations=[
                 {
                     "expression": cel[rule.name],
-                    "message": f"{rule.description}. Fix: {rule.remediation}",
+                    "message": f"{rule.description}. Fix: {rule.remediation_for(cfg)}",
                     "reason": "Forbidden",
                 }
             ],

@@ -79,6 +79,16 @@ class Config:
     # no pools by name: any of the platform's pools (pool_selectors).
     pools: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     team_pools: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # The platform stack these settings come from: a message names where a limit is set
+    # (issue 41: a refused registry names the list and the stack that holds it).
+    platform_stack: str = ""
+
+    def setting(self, key: str) -> str:
+        """Where a platform setting lives, for messages: `policy.allowedRegistries of
+        platform stack prod`."""
+        if not self.platform_stack:
+            return f"trainstack:platform.{key} of the platform stack"
+        return f"trainstack:platform.{key} of platform stack {self.platform_stack}"
 
     def team_pool_selectors(self, namespace: str) -> Sequence[Mapping[str, str]]:
         names = self.team_pools.get(namespace)
@@ -113,6 +123,7 @@ class Config:
                 str(k): tuple(str(p) for p in as_seq(v))
                 for k, v in as_map(raw.get("teamPools", {})).items()
             },
+            platform_stack=str(raw.get("platformStack", "")),
         )
 
 
@@ -129,6 +140,12 @@ class Rule:
     resource_types: tuple[str, ...]
     check: Check
     level: Level = "mandatory"
+    # The fix in the stack's own terms, where it depends on the settings (issue 41: a fix
+    # that sends a user to "an allowed registry" on a stack that configures none misleads).
+    fix: Callable[[Config], str] | None = None
+
+    def remediation_for(self, cfg: Config) -> str:
+        return self.fix(cfg) if self.fix is not None else self.remediation
 
 
 # -- walking a Volcano Job ------------------------------------------------------------------

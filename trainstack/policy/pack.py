@@ -57,20 +57,23 @@ CONFIG_SCHEMA = PolicyConfigSchema(
             "type": "object",
             "additionalProperties": {"type": "array", "items": {"type": "string"}},
         },
+        # Where the settings are set, for messages (issue 41).
+        "platformStack": {"type": "string", "default": ""},
     }
 )
 
 
-def _with_fix(message: str, rule: Rule | StackRule) -> str:
-    return f"{message}. Fix: {rule.remediation}"
+def _with_fix(message: str, fix: str) -> str:
+    return f"{message}. Fix: {fix}"
 
 
 def _resource_policy(rule: Rule) -> ResourceValidationPolicy:
     def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
         if args.resource_type not in rule.resource_types:
             return
-        for message in rule.check(args.props, Config.from_mapping(args.get_config())):
-            report(_with_fix(message, rule), None)
+        cfg = Config.from_mapping(args.get_config())
+        for message in rule.check(args.props, cfg):
+            report(_with_fix(message, rule.remediation_for(cfg)), None)
 
     return ResourceValidationPolicy(
         name=rule.name,
@@ -97,7 +100,7 @@ def _stack_policy(rule: StackRule) -> StackValidationPolicy:
             if r.resource_type in rule.resource_types
         ]
         for urn, message in rule.check(resources):
-            report(_with_fix(message, rule), urn)
+            report(_with_fix(message, rule.remediation), urn)
 
     return StackValidationPolicy(
         name=rule.name,
@@ -140,7 +143,7 @@ def evaluate(
     found: list[Violation] = []
     for rule, level in active:
         found += [
-            Violation(rule.name, name, _with_fix(message, rule), level)
+            Violation(rule.name, name, _with_fix(message, rule.remediation_for(cfg)), level)
             for rtype, name, props in relevant
             if rtype in rule.resource_types
             for message in rule.check(props, cfg)
@@ -155,7 +158,12 @@ def evaluate(
         ]
         names = {r.identity: r.name for r in mine}
         found += [
-            Violation(stack_rule.name, names.get(key, key), _with_fix(message, stack_rule), level)
+            Violation(
+                stack_rule.name,
+                names.get(key, key),
+                _with_fix(message, stack_rule.remediation),
+                level,
+            )
             for key, message in stack_rule.check(mine)
         ]
     return found

@@ -138,12 +138,21 @@ def pinned_images(job: Mapping[str, Any], cfg: Config) -> list[str]:
             elif cfg.allowed_registries and not any(
                 image.startswith(r) for r in cfg.allowed_registries
             ):
-                allowed = ", ".join(cfg.allowed_registries)
-                found.append(
-                    f"task {task}: image {image!r} is not from an allowed registry "
-                    f"(allowed: {allowed})"
-                )
+                # Which registries are allowed, and where, is the fix (pinned_images_fix).
+                found.append(f"task {task}: image {image!r} is not from an allowed registry")
     return found
+
+
+def pinned_images_fix(cfg: Config) -> str:
+    """What `pinned_images` asks, in this stack's terms: the pin its environment requires,
+    and the registries only where the stack names some (issue 41)."""
+    pin = "image@sha256:…" if cfg.production else "image:<build tag> or image@sha256:…"
+    if not cfg.allowed_registries:
+        return f"use {pin}"
+    return (
+        f"use {pin} from {' or '.join(cfg.allowed_registries)} "
+        f"(set in {cfg.setting('policy.allowedRegistries')})"
+    )
 
 
 def shm_sized(job: Mapping[str, Any], cfg: Config) -> list[str]:
@@ -244,9 +253,10 @@ K8S_RULES: tuple[Rule, ...] = (
          "checkpoint claim at /checkpoints", (VOLCANO_JOB,), checkpoint_volume),
     Rule("pinned-images",
          "images are pinned by digest (production) or by a build tag (not latest, main, …), "
-         "from allowed registries",
-         "use image@sha256:… (production), otherwise image:<build tag> or a digest, from an "
-         "allowed registry", (VOLCANO_JOB,), pinned_images),
+         "from the registries policy.allowedRegistries names, if it names any",
+         "use image@sha256:… (production), otherwise image:<build tag> or a digest, from a "
+         "registry policy.allowedRegistries names, if it names any", (VOLCANO_JOB,),
+         pinned_images, fix=pinned_images_fix),
     Rule("gpu-placement",
          "GPU pods tolerate the GPU taint and pin a GPU pool by its labels; only GPU jobs "
          "tolerate the taint",

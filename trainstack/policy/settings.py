@@ -29,6 +29,7 @@ def pack_config(cfg: PlatformConfig) -> dict[str, Any]:
             t.namespace: [priority_class_name(c) for c in t.priority_classes]
             for t in cfg.registry.teams
         },
+        "platformStack": cfg.stack,
     }
 
 

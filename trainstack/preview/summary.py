@@ -1,9 +1,11 @@
-"""The capacity arithmetic a platform preview prints: a pure function of the plan's outputs.
+"""What a preview prints after its resource table, a pure function of the plan.
 
-`outputs["scheduling"]["capacity"]` (trainstack/config/capacity.py `summary()` plus the
-builder's `dimensions`) says what the pools provide, firm and elastic, and what the queues
-promise. Rendered here so a reviewer sees it without opening plan.json. Team stacks have no
-such output and get nothing; plans written before a key existed render what they have.
+Platform stacks: the capacity arithmetic. `outputs["scheduling"]["capacity"]`
+(trainstack/config/capacity.py `summary()` plus the builder's `dimensions`) says what the pools
+provide, firm and elastic, and what the queues promise. Team stacks: their jobs (GPUs, pool,
+priority, maximum duration) and their sum against the team's `limits` output (issue 41).
+Rendered here so a reviewer sees it without opening plan.json; plans written before a key
+existed render what they have.
 """
 
 from __future__ import annotations
@@ -17,6 +19,13 @@ from typing import Any
 from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
+
+from trainstack import outputs as out
+from trainstack.builders import labels
+from trainstack.builders.scheduling import priority_class_name
+from trainstack.policy.objects import VOLCANO_JOB
+from trainstack.policy.rules import MAX_DURATION_ANNOTATION
+from trainstack.preview.plan import Plan
 
 _QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
@@ -171,8 +180,111 @@ def capacity_renderables(outputs: Mapping[str, Any]) -> list[RenderableType]:
     return out
 
 
-def capacity_text(outputs: Mapping[str, Any], width: int = 100) -> str:
-    """The capacity section as plain text (tests, logs)."""
+def _job_row(job: Mapping[str, Any]) -> tuple[str, int, str, str, float | None]:
+    """(name, GPUs, pool, priority, maximum hours) of a rendered Volcano Job."""
+    meta, spec = _mapping(job.get("metadata")), _mapping(job.get("spec"))
+    gpus = 0
+    for raw in spec.get("tasks") or []:
+        task = _mapping(raw)
+        pod = _mapping(_mapping(task.get("template")).get("spec"))
+        for container in pod.get("containers") or []:
+            limits = _mapping(_mapping(_mapping(container).get("resources")).get("limits"))
+            per_pod = _int(_number(limits.get("nvidia.com/gpu")))
+            gpus += (_int(task.get("replicas")) or 0) * (per_pod or 0)
+    seconds = _number(_mapping(meta.get("annotations")).get(MAX_DURATION_ANNOTATION))
+    return (
+        str(meta.get("name", "?")),
+        gpus,
+        str(_mapping(meta.get("labels")).get(labels.POOL, "?")),
+        # The spec's own word (`normal`), not the PriorityClass it becomes.
+        str(spec.get("priorityClassName", "?")).removeprefix(priority_class_name("")),
+        None if seconds is None else seconds / 3600,
+    )
+
+
+def _number(value: Any) -> float | int | None:
+    """A count or quantity as written in a manifest: 8, 8.0, "8"."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return value
+    try:
+        return float(str(value))
+    except ValueError:
+        return None
+
+
+def _hours(value: float | None) -> str:
+    return "?" if value is None else f"{value:g}h"
+
+
+def jobs_renderables(plan: Plan) -> list[RenderableType]:
+    """A team stack's jobs and their sum against the team's limits; empty for a platform."""
+    if plan.kind != "team":
+        return []
+    rows = sorted(_job_row(r.inputs) for r in plan.resources if r.type == VOLCANO_JOB)
+    team = plan.outputs.get(out.TEAM, plan.stack)
+    if not rows:
+        return [Text(f"team {team}: no jobs")]
+    table = Table(title=f"jobs of team {team}")
+    table.add_column("job", overflow="fold")
+    table.add_column("GPUs", justify="right")
+    table.add_column("pool", overflow="fold")
+    table.add_column("priority")
+    table.add_column("max duration", justify="right")
+    for name, count, pool, priority, hours in rows:
+        table.add_row(Text(name), Text(str(count)), Text(pool), Text(priority), Text(_hours(hours)))
+    total = sum(row[1] for row in rows)
+    longest = max((row[4] for row in rows if row[4] is not None), default=None)
+    limits = _mapping(plan.outputs.get(out.LIMITS))
+    gpus = _mapping(limits.get("gpus"))
+    capability, guarantee = _int(gpus.get("capability")), _int(gpus.get("guarantee"))
+    max_hours = _number(limits.get("maxJobHours"))
+    table.add_section()
+    table.add_row(Text("all jobs"), Text(str(total)), Text(""), Text(""), Text(_hours(longest)))
+    if limits:
+        table.add_row(
+            Text("team's limit"),
+            Text("?" if capability is None else str(capability)),
+            Text(""),
+            Text(""),
+            Text(_hours(None if max_hours is None else float(max_hours))),
+        )
+    found: list[RenderableType] = [table]
+    if not limits:
+        found.append(
+            Text("the team's limits are not in this plan (written before trainstack exported them)")
+        )
+        return found
+    deserved = _int(gpus.get("deserved"))
+    note = (
+        f"team {team}: {'?' if guarantee is None else guarantee} GPUs guaranteed, "
+        f"{'?' if deserved is None else deserved} deserved, at most "
+        f"{'?' if capability is None else capability} at once (its queue's capability)"
+    )
+    # What Volcano does with the sum (docs/scheduling.md, "What a guarantee does"): beyond the
+    # capability nothing is allocated; above the fair share pods are what reclaim takes; only
+    # the guarantee is kept free for the team.
+    if capability is not None and total > capability:
+        note += (
+            f"; all jobs together need {total}, more than {capability}: they cannot all run "
+            "at once, the rest wait in the queue"
+        )
+    elif deserved is not None and total > deserved:
+        note += (
+            f"; all jobs together need {total}, {total - deserved} above its fair share: "
+            "teams below theirs may reclaim those"
+        )
+    elif guarantee is not None and total > guarantee:
+        note += (
+            f"; all jobs together need {total}, {total - guarantee} beyond the guarantee: "
+            f"only {guarantee} are held for the team"
+        )
+    found.append(Text(note))
+    return found
+
+
+def _text(renderables: list[RenderableType], width: int) -> str:
     console = Console(
         file=StringIO(),
         width=width,
@@ -181,8 +293,18 @@ def capacity_text(outputs: Mapping[str, Any], width: int = 100) -> str:
         markup=False,
         emoji=False,
     )
-    for renderable in capacity_renderables(outputs):
+    for renderable in renderables:
         console.print(renderable)
     file = console.file
     assert isinstance(file, StringIO)
     return file.getvalue()
+
+
+def capacity_text(outputs: Mapping[str, Any], width: int = 100) -> str:
+    """The capacity section as plain text (tests, logs)."""
+    return _text(capacity_renderables(outputs), width)
+
+
+def jobs_text(plan: Plan, width: int = 100) -> str:
+    """A team stack's jobs section as plain text (tests, logs)."""
+    return _text(jobs_renderables(plan), width)

@@ -91,9 +91,21 @@ def train(args: Args) -> None:
         topo = s.topology
         per_rank = args.parallel == "per-rank"
         torch.manual_seed(args.seed + (topo.rank if per_rank else 0))
-        model: nn.Module = MLP(args.dim, args.hidden)
+        # This rank's GPU where there is one (the runtime made it current), else the CPU. The
+        # model and every batch live there: FSDP2 moves the parameters and the forward's
+        # inputs to its mesh's GPU by itself, but not the targets (torch 2.13
+        # _fsdp_init._move_states_to_device, _fsdp_state._root_pre_forward), so a CPU target
+        # met a CUDA output in the loss; DDP of a CPU model left the GPUs idle.
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+        model: nn.Module = MLP(args.dim, args.hidden).to(device)
         if topo.is_distributed and args.parallel == "ddp":
-            model = DistributedDataParallel(model)
+            model = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None
+            )
         elif topo.is_distributed and args.parallel == "fsdp2":
             fully_shard(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -118,6 +130,7 @@ def train(args: Args) -> None:
             for step in range(start + 1, args.steps + 1):
                 with s.timed_data():
                     x, y = next(loader)
+                    x, y = x.to(device), y.to(device)
                 loss = nn.functional.mse_loss(model(x), y)
                 optimizer.zero_grad(set_to_none=True)
                 with s.timed_backward():
