@@ -202,6 +202,7 @@ def _origin(exception: BaseException) -> str:
 
 _ISSUE = re.compile(r"^\s+- (?P<body>.*)$")
 _FILE_PREFIX = re.compile(r"^[\w./-]+\.ya?ml: ")
+_LINE_PREFIX = re.compile(r"^line \d+: ")  # the CLI's line of the path (config/lines.py)
 _FILE_POSITION = re.compile(r"^[\w./-]+\.ya?ml:\d+:\d+: ")  # a YAML error inside an issue
 _PATH = re.compile(r"^(?:job|config|trainstack:[A-Za-z_-]*)(?:[.\[].*)?$")
 _ROOT_LEVEL = {"file", "kind"}  # the document itself, or its kind: nothing deeper to name
@@ -233,7 +234,7 @@ def is_located(issue: str, document_loads: bool) -> bool:
     """
     if _FILE_POSITION.match(issue):
         return True
-    body = _FILE_PREFIX.sub("", issue, count=1)
+    body = _FILE_PREFIX.sub("", _LINE_PREFIX.sub("", issue, count=1), count=1)
     path, sep, message = body.partition(": ")
     if not sep:
         return False

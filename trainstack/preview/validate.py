@@ -71,19 +71,15 @@ class Validator:
         assert self.previewer is not None
         plan = self.previewer.preview(name)  # cross-stack, jobs, policies: as the preview
         if policy_config.stale(self.previewer, [name]):
+            # A warning, not an error: the edit being validated is what made it stale, and
+            # the preview that comes next rewrites it (issue 41 #2: it went stale silently).
             generated = policy_config.config_path(self.previewer, name)
             relative = generated.relative_to(self.previewer.project.root)
-            raise ConfigError(
-                str(path),
-                [
-                    ConfigIssue(
-                        str(relative),
-                        "missing or stale: the policy pack (`pulumi preview --policy-pack "
-                        "policies`) would judge by other settings than this stack file's; "
-                        f"run `trainstack policy-config {name}` (`trainstack preview {name}` "
-                        "writes it too)",
-                    )
-                ],
+            result.notes.append(
+                f"{relative} is missing or stale: the policy pack (`pulumi preview "
+                "--policy-pack policies`) would judge by other settings than this stack "
+                f"file's; `trainstack preview {name}` rewrites it (or `trainstack "
+                f"policy-config {name}`): commit it with the stack file"
             )
         result.violations += [
             f"policy {v['rule']}: {v['resource']}: {v['message']}"
