@@ -168,13 +168,21 @@ def test_validate_with_a_stack_gives_the_previews_verdict(tmp_path: Path) -> Non
     result = run("validate", "--stack", "vision", str(bad), "--project-dir", str(root))
     assert result.exit_code == 3, result.output
     assert (
-        "policy request-limit-ratio: task worker, container trainer: cpu limit/request 4 exceeds 2"
-        in result.output
+        "policy request-limit-ratio: tasks master, worker, container trainer: cpu limit 16 is 4 x "
+        "the request 4, more than the 2 x that trainstack:platform.policy.maxCpuLimitRequestRatio "
+        "of platform stack prod allows: set the cpu limit at most 8" in result.output
     )
     assert "fits" not in result.output
     preview = run("preview", "vision", "--project-dir", str(root), "--out", str(tmp_path / "o"))
     assert preview.exit_code == 3
     assert "request-limit-ratio" in preview.output
+    # The finding names the spec the user wrote, not only the Pulumi resource (issue 41 #4).
+    column = "".join(
+        cells[3].strip()
+        for line in preview.output.splitlines()
+        if len(cells := line.split("│")) == 6
+    )
+    assert "job_specs/vision/demo-train.yaml(team-vision-demo-train-volcano)" in column
 
 
 def test_every_error_of_a_job_in_one_pass(tmp_path: Path) -> None:

@@ -217,7 +217,9 @@ def print_policy_report(plan: Plan) -> None:
     for column in ("rule", "level", "resource", "message and fix"):
         table.add_column(column, overflow="fold")
     for v in plan.violations:
-        table.add_row(*(Text(v[key]) for key in ("rule", "level", "resource", "message")))
+        # A job's finding names its spec file first (issue 41 #4), then the resource.
+        resource = f"{v['source']} ({v['resource']})" if v.get("source") else v["resource"]
+        table.add_row(Text(v["rule"]), Text(v["level"]), Text(resource), Text(v["message"]))
     console.print(table)
 
 

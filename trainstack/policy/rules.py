@@ -45,8 +45,27 @@ CHECKPOINT_ENV = ("TRAINSTACK_CHECKPOINT_INTERVAL_S", "TRAINSTACK_CHECKPOINT_EVE
 MAX_DURATION_ANNOTATION = "trainstack.io/max-duration-seconds"
 
 
+RATIO_SETTINGS = {
+    "cpu": "policy.maxCpuLimitRequestRatio",
+    "memory": "policy.maxMemoryLimitRequestRatio",
+}
+
+
+def _amount(value: float, name: str) -> str:
+    """A quantity to write in a spec: CPUs as cores or millicores, memory in Gi, Mi or Ki."""
+    if name == "cpu":
+        return f"{value:g}" if value == int(value) else f"{int(value * 1000)}m"
+    for unit, size in (("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if value >= size and value % size == 0:
+            return f"{int(value // size)}{unit}"
+    return f"{int(value // 2**10)}Ki"
+
+
 def request_limit_ratio(job: Mapping[str, Any], cfg: Config) -> list[str]:
-    found = []
+    """Each limit too far above its request, once for the tasks it is the same in: a spec's
+    `workers` become tasks `master` and `worker`, which the user never wrote (issue 41 #4:
+    the finding came twice, with the setting's internal name and no limit to use)."""
+    found: dict[str, list[str]] = {}
     for task, pod in pods(job):
         for c in containers(pod):
             res = as_map(c.get("resources"))
@@ -58,11 +77,28 @@ def request_limit_ratio(job: Mapping[str, Any], cfg: Config) -> list[str]:
                 if name in requests and name in limits:
                     ratio = quantity(limits[name]) / quantity(requests[name])
                     if ratio > bound + 1e-9:
-                        found.append(
-                            f"task {task}, container {c.get('name')}: {name} limit/request "
-                            f"{ratio:g} exceeds {bound:g}"
+                        most = _amount(quantity(requests[name]) * bound, name)
+                        message = (
+                            f"container {c.get('name')}: {name} limit {limits[name]} is "
+                            f"{ratio:g} x the request {requests[name]}, more than the "
+                            f"{bound:g} x that {cfg.setting(RATIO_SETTINGS[name])} allows: "
+                            f"set the {name} limit at most {most}"
                         )
-    return found
+                        found.setdefault(message, []).append(str(task))
+    return [
+        f"task{'s' if len(tasks) > 1 else ''} {', '.join(tasks)}, {message}"
+        for message, tasks in found.items()
+    ]
+
+
+def request_limit_ratio_fix(cfg: Config) -> str:
+    """The ratios in numbers, and where they are set (issue 41 #4: the setting's name alone)."""
+    return (
+        f"keep limits at most {cfg.max_cpu_limit_request_ratio:g} x the request for cpu and "
+        f"{cfg.max_memory_limit_request_ratio:g} x for memory ({cfg.setting('policy')}: "
+        "maxCpuLimitRequestRatio, maxMemoryLimitRequestRatio), or leave limits out: they "
+        "default to the requests"
+    )
 
 
 def devices_requests_equal_limits(job: Mapping[str, Any], cfg: Config) -> list[str]:
@@ -240,8 +276,8 @@ def judged_on_update(rule: str, old: Mapping[str, Any], new: Mapping[str, Any]) 
 
 K8S_RULES: tuple[Rule, ...] = (
     Rule("request-limit-ratio", "CPU and memory limits stay within a ratio of requests",
-         "set limits at most maxCpuLimitRequestRatio (cpu) and maxMemoryLimitRequestRatio "
-         "(memory) times the requests", (VOLCANO_JOB,), request_limit_ratio),
+         "lower the limits to the ratio the platform allows, or leave them out: they default "
+         "to the requests", (VOLCANO_JOB,), request_limit_ratio, fix=request_limit_ratio_fix),
     Rule("devices-requests-equal-limits", "GPU, EFA/RDMA and hugepages requests equal limits",
          "request exactly what you limit for devices", (VOLCANO_JOB,),
          devices_requests_equal_limits),

@@ -136,7 +136,25 @@ class Previewer:
             levels(platform),
             {r.ref: r.property_dependencies for r in custom if r.property_dependencies},
         )
-        return tuple(v.to_json() for v in sorted(found, key=lambda v: (v.rule, v.resource)))
+        violations = [v.to_json() for v in sorted(found, key=lambda v: (v.rule, v.resource))]
+        if isinstance(config, TeamStackConfig):
+            # A job's finding names the spec the user wrote, not its Pulumi resource
+            # (`team-vision-vit-fsdp-volcano`, issue 41 #4).
+            specs = self._spec_files(config)
+            jobs = {
+                r.name: specs.get(r.inputs.get("metadata", {}).get("name"))
+                for r in custom
+                if r.type == VOLCANO_JOB
+            }
+            for v in violations:  # beside the resource, which the policy host also names
+                if jobs.get(v["resource"]):
+                    v["source"] = str(jobs[v["resource"]])
+        return tuple(violations)
+
+    def _spec_files(self, config: TeamStackConfig) -> dict[str, str]:
+        """Job name -> its spec file, relative to the project."""
+        specs, _ = collect_jobs(self.project.root, config.jobs)
+        return {s.name: str(Path(s.source).relative_to(self.project.root)) for s in specs}
 
     def check_jobs(self, config: TeamStackConfig, platform_plan: Plan) -> None:
         """Every job of the team stack against the platform, all problems at once."""
