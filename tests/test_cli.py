@@ -61,12 +61,13 @@ def test_main_help_lists_the_exit_codes_the_commands_return() -> None:
     text = " ".join(run("--help").output.split())
     assert (
         "Exit codes: 0 success; 1 a config or input error (each problem once, with its file and "
-        "field, no traceback); 2 bad command-line usage; 3 mandatory policy violations in a "
-        "preview (the plan is still written)."
+        "field, no traceback); 2 bad command-line usage (an unknown option, a stack name with no "
+        "stack file); 3 mandatory policy violations in a preview (the plan is still written)."
     ) in text
     assert (cli.EXIT_OK, cli.EXIT_USER_ERROR, cli.EXIT_POLICY_VIOLATION) == (0, 1, 3)
     assert run("preview", "--no-such-option").exit_code == cli.EXIT_USAGE == 2
-    assert run("preview", "nosuchstack", "--project-dir", str(ROOT)).exit_code == 1
+    # A stack name that names no stack file is bad usage too (issue 41 #6: it exited 1).
+    assert run("preview", "nosuchstack", "--project-dir", str(ROOT)).exit_code == cli.EXIT_USAGE
 
 
 def test_docstring_paragraphs_are_wrapped_not_broken_at_source_lines() -> None:
@@ -189,7 +190,7 @@ def test_a_stack_file_outside_the_stack_folder_is_refused(tmp_path: Path) -> Non
 def test_preview_checks_every_name_before_previewing_any(tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = run("preview", "dev", "prdo", "visoin", "--project-dir", str(ROOT), "--out", str(out))
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # usage (issue 41 #6: it was 1, a config error)
     assert result.output.startswith("error: stack arguments: 2 config errors:\n")
     assert "  - prdo: no stack file for 'prdo' (did you mean 'prod'?)" in result.output
     assert "  - visoin: no stack file for 'visoin' (did you mean 'vision'?)" in result.output
@@ -236,16 +237,18 @@ def test_a_job_that_cannot_preempt_is_valid_but_warned_about(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(
-    ("stack", "message"),
+    ("stack", "message", "code"),
     [
-        ("prod", "'prod' is a platform stack; name a team stack"),
-        ("visoin", "no stack file for 'visoin' (did you mean 'vision'?)"),
+        ("prod", "'prod' is a platform stack; name a team stack", 1),
+        ("visoin", "no stack file for 'visoin' (did you mean 'vision'?)", 2),  # usage
     ],
 )
-def test_a_stack_problem_is_reported_once_not_once_per_file(stack: str, message: str) -> None:
+def test_a_stack_problem_is_reported_once_not_once_per_file(
+    stack: str, message: str, code: int
+) -> None:
     result = run("validate", "--stack", stack, str(ROOT / "job_specs" / "vision"), "--project-dir",
                  str(ROOT))  # fmt: skip
-    assert result.exit_code == 1
+    assert result.exit_code == code
     assert result.output.count(message) == 1, result.output
 
 

@@ -378,7 +378,7 @@ def test_team_stack_with_unknown_team_fails_cleanly(tmp_path: Path) -> None:
 
 def test_unknown_stack_lists_the_known_ones() -> None:
     result = runner.invoke(app, ["preview", "staging", "--project-dir", str(ROOT)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # bad usage, like an unknown option (issue 41 #6)
     assert "no stack file for 'staging'" in result.output
     assert "dev" in result.output
     assert "prod" in result.output

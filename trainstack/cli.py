@@ -41,9 +41,9 @@ EXIT_USAGE = 2  # click's own code for bad command-line usage
 EXIT_POLICY_VIOLATION = 3
 EXIT_CODES = (
     f"Exit codes: {EXIT_OK} success; {EXIT_USER_ERROR} a config or input error (each problem "
-    f"once, with its file and field, no traceback); {EXIT_USAGE} bad command-line usage; "
-    f"{EXIT_POLICY_VIOLATION} mandatory policy violations in a preview (the plan is still "
-    "written)."
+    f"once, with its file and field, no traceback); {EXIT_USAGE} bad command-line usage (an "
+    f"unknown option, a stack name with no stack file); {EXIT_POLICY_VIOLATION} mandatory "
+    "policy violations in a preview (the plan is still written)."
 )
 
 
@@ -223,6 +223,16 @@ def print_policy_report(plan: Plan) -> None:
     console.print(table)
 
 
+class StackArgumentError(ConfigError):
+    """A stack argument that names no stack: bad usage (exit 2), like any other bad argument
+    (issue 41 #6: a misspelt stack name exited 1, as a config error)."""
+
+
+def _usage(err: StackArgumentError) -> typer.Exit:
+    errors.print(Text.assemble(("error: ", "bold red"), relative(str(err))), soft_wrap=True)
+    return typer.Exit(EXIT_USAGE)
+
+
 def stack_names(project: Project, given: list[str]) -> list[str]:
     """Stack names from names or stack file paths (stacks/Pulumi.dev.yaml -> dev), all checked
     at once: one ConfigError with a line per unknown name (and the closest known one)."""
@@ -259,7 +269,7 @@ def stack_names(project: Project, given: list[str]) -> list[str]:
             continue
         names.append(name)
     if issues:
-        raise ConfigError("stack arguments", issues)
+        raise StackArgumentError("stack arguments", issues)
     return list(dict.fromkeys(names))
 
 
@@ -304,6 +314,8 @@ def preview(
                 console.print(f"policy pack config: wrote {shown(path)}", soft_wrap=True)
             if plan.mandatory_violations:
                 violating.append(stack)
+    except StackArgumentError as err:
+        raise _usage(err) from None
     except (ConfigError, pulumi.RunError) as err:
         raise _fail(described(err, project_root)) from None
     if violating:
@@ -367,6 +379,8 @@ def validate(
         if stack is not None:
             assert previewer is not None
             stack = stack_names(previewer.project, [stack])[0]
+    except StackArgumentError as err:
+        raise _usage(err) from None
     except ConfigError as err:
         raise _fail(str(err)) from None
     checker = Validator(previewer, stack)
@@ -409,8 +423,10 @@ def render_job(
         name = stack_names(previewer.project, [stack])[0]
         manifest = previewer.render_job(name, spec)
         print_advice(spec, advice(load_job(spec)))
+    except StackArgumentError as err:
+        raise _usage(err) from None
     except (ConfigError, pulumi.RunError) as err:
-        raise _fail(str(err)) from None
+        raise _fail(described(err)) from None
     typer.echo(yaml.safe_dump(normalise(manifest), sort_keys=False), nl=False)
 
 
@@ -447,6 +463,8 @@ def policy_config(
         for path in [] if stacks else policy_files.orphans(previewer):
             path.unlink()
             console.print(f"removed {shown(path)} (no stack file)", soft_wrap=True)
+    except StackArgumentError as err:
+        raise _usage(err) from None
     except (ConfigError, pulumi.RunError) as err:
         raise _fail(str(err)) from None
 
