@@ -135,9 +135,10 @@ goldens: setup
 	TRAINSTACK_UPDATE_GOLDENS=1 $(BIN)/pytest -q tests/test_goldens.py
 
 # Checkpoint cost (docs/runtime.md, Benchmark): DDP and FSDP2 at ~50M and ~200M parameters on 2
-# gloo workers: sync save, async stall, goodput loss with an A/A control; last line JSON.
+# gloo workers: seconds per checkpoint with a 95 % interval (checkpoint against placebo
+# windows), its upper bound / a fixed interval, async stall, sync save; last line JSON.
 # BENCH_ARGS=--quick: tiny models, seconds (what tests/runtime/test_bench.py runs).
-## checkpoint cost benchmark of the runtime (~45 min on 2 cores; BENCH_ARGS=--quick)
+## checkpoint cost benchmark of the runtime (~40 min on 2 cores; BENCH_ARGS=--quick)
 bench-runtime: setup
 	$(BIN)/python -m trainstack_runtime.bench $(BENCH_ARGS)
 

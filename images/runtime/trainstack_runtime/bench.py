@@ -1,50 +1,56 @@
 """Checkpoint cost benchmark of the runtime (``make bench-runtime``; docs/runtime.md, Benchmark).
 
 One run measures DDP and FSDP2 (``fully_shard`` per layer) at ~50M and ~200M parameters (an MLP
-trained with Adam), each on 2 real worker processes (gloo, ``torch.multiprocessing`` spawn), the
-four configurations one after the other in the same two workers:
+trained with Adam), each on 2 real worker processes (gloo, ``torch.multiprocessing`` spawn, one
+thread each), the four configurations one after the other in the same two workers. What it
+measures is **seconds of training lost per checkpoint**, with a 95 % confidence interval:
 
-* **sync save**: wall time of a blocking ``CheckpointManager.save(..., blocking=True)``
-  (staging, DCP write with fsync, hashing, votes, commit), between barriers.
-* **async stall**: per checkpoint, the time the loop is blocked in ``save()`` (back-pressure
-  included) plus in the optimizer step pre-hook that waits for staging
-  (``last_stall_s`` + ``take_hook_stall()``). ``async_stall_ratio`` = median stall / median
-  sync save.
-* **goodput loss**: wall time of N steps with an async checkpoint every K steps (the first at
-  the start of the window, the last save's commit awaited before the clock stops, so the window
-  holds exactly N/K whole checkpoints) divided by the wall time of the same N steps without
-  checkpoints (the mean of the repeat's two no-checkpoint windows), minus 1.
-* **A/A control**: the no-checkpoint arm measured a second time in the same harness; its ratio
-  to the first minus 1 shows what the harness reads when there is nothing to find.
+* **Windows.** A checkpoint window is an async ``CheckpointManager.save()`` followed by W = a + r
+  steps; a placebo window is the same harness with a timed no-op in place of ``save()``. They
+  alternate (checkpoint, placebo, checkpoint, ...), ``Plan.windows`` of each. The first ``a``
+  steps are the after steps: ``a`` is set in the warm-up, the steps two trial async saves took
+  to commit on both ranks plus ``Plan.margin``, then fixed for the configuration. The last
+  ``r`` steps are the window's own reference. A checkpoint window whose save had not committed
+  on every rank when its reference steps began is counted in ``uncommitted_windows`` (its
+  reference steps still carried the save: the estimate is low) and fails the target.
+* **Estimator** (``bench_stats.window_estimate``, per window and rank, then the mean of the two
+  ranks): time in ``save()`` and the end-of-window ``wait()`` + the after steps' time over the
+  mean of the reference steps. ``cost_s`` and ``cost_ci95``: mean and t-interval over the
+  checkpoint windows; ``placebo_ci95`` the same over the placebo windows, which must hold 0;
+  ``paired_cost_ci95``: each checkpoint window's whole time minus the mean of its neighbouring
+  placebo windows' (no in-window reference: the check that the reference steps were clean).
+* **Loss.** ``interval_s`` is fixed in advance per configuration (``FULL``); ``loss_upper`` =
+  ``cost_ci95[1] / interval_s``, which ``goodput_loss`` holds too. ``target_met``
+  (``bench_stats.verdict``): ``loss_upper`` and ``paired_loss_upper`` (the paired figure's)
+  <= 5 %, the placebo's interval holds 0 and its half-width is <= 1 % of the interval, and no
+  uncommitted window.
+* **Stall.** Per checkpoint window, the time blocked in ``save()`` plus in the optimizer step
+  pre-hook that waits for staging (``take_hook_stall()``), the larger of the two ranks';
+  ``async_stall_ratio`` = upper 95 % bound of its mean / the median **sync save** (a blocking
+  ``save(..., blocking=True)`` between barriers, ``Plan.sync_saves`` of them after the windows).
+* **Cross-check.** ``background_cpu_s``: CPU seconds (user + system) of the rank's threads
+  other than the main one, from window start to end, mean over ranks and windows;
+  ``background_cpu_placebo_s`` the same in placebo windows (the control: ~0).
 
-Each repeat runs the arms (no-checkpoint A, its twin A', checkpoints B, one sync save S) in the
-order of one row of a Williams square (``arm_orders``): over 4 repeats each arm runs in each
-position once and follows each other arm once, so order effects and carryover fall on all arms
-alike; ratios are formed within a repeat and reported as the median and min-max over repeats.
-Every window (A, A', B) starts after a few untimed settling steps, and the warm-up holds the
-run's one-off saves (two), so what the arm before left behind is not on a window's clock.
-
-The last line printed is one JSON object: ``goodput_loss`` and ``async_stall_ratio`` (maps
-with the keys ddp_50m, ddp_200m, fsdp2_50m, fsdp2_200m; medians), their spreads, the A/A
-control, the intervals, ``runtime_overhead_ratio`` (the runtime's per-step work, single
-process) and the raw numbers under ``detail``.
+The last line printed is one JSON object: maps keyed like ``KEYS`` (``MAPS``, ``target_met``),
+``runtime_overhead_ratio`` (the runtime's per-step work, single process, ``bench_overhead``)
+and the raw numbers under ``detail``.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import os
-import random
 import resource
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,30 +62,35 @@ from torch.multiprocessing.spawn import start_processes
 from torch.nn.parallel import DistributedDataParallel
 
 from .bench_overhead import bench_overhead, mlp
+from .bench_stats import TARGET_LOSS, mean_ci95, verdict, window_estimate
 from .checkpoint import CheckpointConfig, CheckpointManager, TrainState, step_dir_name
 
 KEYS = ("ddp_50m", "ddp_200m", "fsdp2_50m", "fsdp2_200m")
-ARMS = ("A", "A2", "B", "S")  # no checkpoints, the same again (A/A), async every K, sync save
+KINDS = ("checkpoint", "placebo")  # the windows' order: alternating, a checkpoint first
 WORLD = 2
-TARGET_LOSS = 0.05
-# The last line's maps (each keyed like KEYS), besides "target_met".
+# The last line's maps (each keyed like KEYS), besides the verdict's (summarize).
 MAPS = (
-    "goodput_loss",
-    "goodput_loss_spread",
-    "aa_control",
-    "aa_control_spread",
-    "async_stall_ratio",
-    "async_stall_ratio_spread",
-    "sync_save_s",
-    "async_stall_s",
-    "persist_s",
-    "checkpoint_cost_s",
+    "goodput_loss",  # = loss_upper (the upper 95 % bound), the name readers know
+    "async_stall_ratio",  # upper 95 % bound of the mean stall / median sync save
+    "cost_s",
+    "cost_ci95",
+    "placebo_s",
+    "placebo_ci95",
+    "paired_cost_ci95",
+    "interval_s",
+    "loss_upper",
+    "paired_loss_upper",  # paired_cost_ci95[1] / interval_s: must be <= 5 % too
     "interval_for_target_s",
-    "every_steps",
-    "every_s",
-    "steps",
+    "uncommitted_windows",
+    "background_cpu_s",
+    "background_cpu_placebo_s",
+    "async_stall_s",
+    "sync_save_s",
+    "persist_s",
     "step_s",
-    "repeats",
+    "a",
+    "r",
+    "windows",
 )
 
 
@@ -92,39 +103,38 @@ class Plan:
     layers: int
     width: int
     batch: int  # per rank
-    steps: int  # N, per arm and repeat (a multiple of K)
-    every: int  # K: an async checkpoint every K steps in arm B
-    repeats: int
-    # If > 0: K and N are set in the run from the warm-up step time, K = interval_s / step
-    # time and N = K (one whole checkpoint per window), so the interval is one in seconds
-    # whatever the machine's speed.
-    interval_s: float = 0.0
-    # Untimed steps before every window (A, A', B): what the previous arm left behind (see
-    # docs/runtime.md, Benchmark) is worked off before the clock starts, the same for each arm.
-    settle: int = 0
+    windows: int  # checkpoint windows; as many placebo windows
+    interval_s: float  # the checkpoint interval the loss is taken against: fixed in advance
+    ref: int = 3  # r: reference steps at the end of each window
+    margin: int = 1  # a = steps the trial saves took to commit + margin
+    sync_saves: int = 3
+    trial_cap: int = 200  # steps at most that a trial save may take to commit
 
 
-# ~50M: 12 x 2048^2 + biases = 50.4M; ~200M: 48 x 2048^2 = 201.4M parameters. The intervals:
-# docs/runtime.md (Benchmark) says why these, and at which interval 5 % would hold. Settling:
-# ~3-5 s of untimed steps before each window (steps take ~0.7-1.1 s at 50M, ~2.7-4.8 s at 200M
-# here). steps and every (0): set from the interval in the run.
+# ~50M: 12 x 2048^2 + biases = 50.4M; ~200M: 48 x 2048^2 = 201.4M parameters. The intervals
+# (docs/runtime.md, Benchmark, says why) were fixed before this estimator's first run and are
+# not to be tuned on its results. Window counts: the full run within ~40 min on 2 cores (steps
+# ~0.6 / 2.2-2.7 / 0.9-1.1 / 4-5 s; windows of a + r = 5-7 steps; the 200M ones dominate).
+# The margin, in steps: 2 where a save persists in about one step (ddp_50m's trial saves read 1
+# step and its windows' saves then committed after 2 in 20 of 48 rank-windows, 2026-12-04), 1
+# for fsdp2_200m, whose save persists in about half a step (~2.2 s of ~4.8 s).
 FULL = (
-    Plan("ddp_50m", "ddp", 12, 2048, 16, 0, 0, repeats=4, interval_s=30.0, settle=4),
-    Plan("ddp_200m", "ddp", 48, 2048, 8, 0, 0, repeats=4, interval_s=60.0, settle=2),
-    Plan("fsdp2_50m", "fsdp2", 12, 2048, 16, 0, 0, repeats=4, interval_s=30.0, settle=4),
-    Plan("fsdp2_200m", "fsdp2", 48, 2048, 8, 0, 0, repeats=4, interval_s=60.0, settle=1),
+    Plan("ddp_50m", "ddp", 12, 2048, 16, windows=24, interval_s=30.0, margin=2),
+    Plan("ddp_200m", "ddp", 48, 2048, 8, windows=20, interval_s=60.0, margin=2),
+    Plan("fsdp2_50m", "fsdp2", 12, 2048, 16, windows=24, interval_s=30.0, margin=2),
+    Plan("fsdp2_200m", "fsdp2", 48, 2048, 8, windows=20, interval_s=60.0),
 )
-QUICK = (
-    Plan("ddp_50m", "ddp", 2, 128, 8, steps=4, every=2, repeats=2, settle=1),
-    Plan("ddp_200m", "ddp", 4, 128, 8, steps=4, every=2, repeats=2, settle=1),
-    Plan("fsdp2_50m", "fsdp2", 2, 128, 8, steps=4, every=2, repeats=2, settle=1),
-    Plan("fsdp2_200m", "fsdp2", 4, 128, 8, steps=4, every=2, repeats=2, settle=1),
-)
+# --quick: tiny models (steps of ~ms), a few windows; what tests/runtime/test_bench.py runs.
+QUICK = tuple(
+    replace(p, layers=p.layers // 6, width=128, batch=8, windows=4, ref=2, margin=1,
+            sync_saves=1, trial_cap=50)
+    for p in FULL
+)  # fmt: skip
 
 
 class _Trainer:
-    def __init__(self, plan: Plan, rank: int) -> None:
-        torch.manual_seed(0)
+    def __init__(self, plan: Plan, rank: int, seed: int) -> None:
+        torch.manual_seed(seed)
         inner = mlp(plan.layers, plan.width)
         self.params = sum(p.numel() for p in inner.parameters())
         self.model: nn.Module
@@ -138,7 +148,7 @@ class _Trainer:
             self.model = inner
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4)
         self.sched = torch.optim.lr_scheduler.StepLR(self.opt, step_size=1000)
-        gen = torch.Generator().manual_seed(1 + rank)
+        gen = torch.Generator().manual_seed(seed + 1 + rank)
         self.x = torch.randn(plan.batch, plan.width, generator=gen)
         self.state = TrainState(self.model, self.opt, self.sched)
 
@@ -147,6 +157,41 @@ class _Trainer:
         self.model(self.x).square().mean().backward()
         self.opt.step()  # the checkpoint manager's pre-hook waits for staging here
         self.sched.step()
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def background_cpu() -> dict[int, float]:
+    """CPU seconds (user + system) so far of each Python thread but the main one, by native id.
+
+    They are the checkpoint's: ``CheckpointManager`` persists on its own single-thread pool
+    (``thread_name_prefix="ckpt"``; DCP's ``dcp.save`` runs there, and ``ChecksumWriter``
+    writes in that calling thread, ``thread_count=1``), and its ``DefaultStager`` with
+    ``use_async_staging=True`` copies on a ``ThreadPoolExecutor(max_workers=1)`` of its own
+    (torch 2.13.0, distributed/checkpoint/staging.py ``DefaultStager.__init__``/``stage``).
+    DCP's ``async_save`` (state_dict_saver.py) is not used: it would add a third pool,
+    ``_ThreadBasedAsyncCheckpointExecutor``. Gloo's and OpenMP's native threads are left out
+    (not Python threads): they run the training's collectives as well, the noise this figure
+    would otherwise carry; the small collectives the writer issues run on them too."""
+    main = threading.main_thread()
+    out: dict[int, float] = {}
+    for thread in threading.enumerate():
+        tid = thread.native_id
+        if thread is main or tid is None:
+            continue
+        try:
+            raw = Path(f"/proc/self/task/{tid}/stat").read_text()
+        except OSError:  # exited meanwhile (or no /proc): counts nothing
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "; field 3 is [0]
+        out[tid] = (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+    return out
+
+
+def _cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
+    """A thread that started in between counts from 0; one that ended counts nothing."""
+    return sum(t - before.get(tid, 0.0) for tid, t in after.items())
 
 
 def _timed(fn: Callable[[], None]) -> float:
@@ -158,65 +203,36 @@ def _timed(fn: Callable[[], None]) -> float:
     return time.perf_counter() - t0
 
 
-def williams(n: int) -> list[list[int]]:
-    """A Williams square for an even ``n``: row r is 0, 1, n-1, 2, n-2, ... plus r (mod n).
-    Over its n rows every item takes every position once and directly follows every other
-    item once, so what an arm leaves behind (a checkpoint's page cache and writeback, a warm
-    cache) falls on each of the others equally (first-order carryover balanced)."""
-    if n % 2:
-        raise ValueError("a Williams square of this form needs an even n")
-    first, low, high = [0], 1, n - 1
-    while len(first) < n:
-        first.append(low)
-        low += 1
-        if len(first) < n:
-            first.append(high)
-            high -= 1
-    return [[(v + r) % n for v in first] for r in range(n)]
-
-
-def arm_orders(repeats: int, seed: int) -> list[list[str]]:
-    """The arms' order in each repeat: the rows of a Williams square in turn, its symbols
-    assigned to the arms by a shuffle with a fixed seed (the same on every rank). A shuffled
-    order alone left the no-checkpoint twin after the checkpoint arms more often than its
-    original in 3 repeats (the A/A read +6-10 % on one configuration, 2026-12-02); with a
-    multiple of 4 repeats the design is balanced."""
-    labels = list(ARMS)
-    random.Random(seed).shuffle(labels)
-    rows = williams(len(labels))
-    return [[labels[i] for i in rows[r % len(rows)]] for r in range(repeats)]
+def _noop() -> None:
+    pass
 
 
 def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-class _Arms:
-    """The arms of one configuration on one rank; the lists fill as they run."""
+class _Run:
+    """One configuration on one rank."""
 
-    def __init__(self, plan: Plan, rank: int, root: Path) -> None:
+    def __init__(self, plan: Plan, rank: int, root: Path, seed: int) -> None:
         self.plan, self.rank, self.root = plan, rank, root
-        self.trainer = _Trainer(plan, rank)
+        self.trainer = _Trainer(plan, rank, seed)
         self.mgr = CheckpointManager(
             CheckpointConfig(root=root, keep=1), rank=rank, world_size=dist.get_world_size()
         )
         self.label = 0  # checkpoint step labels: increasing, one per save
-        self.walls: dict[str, list[float]] = {"A": [], "A2": [], "B": []}
-        self.saves_in: dict[str, list[int]] = {"A": [], "A2": [], "B": []}
+        self.a = 0
+        self.trials: list[int] = []
+        self.records: list[dict[str, Any]] = []
         self.sync: list[float] = []
-        self.stalls: list[float] = []
-        self.persist: list[float] = []
-        self.busy_at_save: list[bool] = []  # previous save still in flight: back-pressure
-        self.overlap: list[int] = []  # steps run while each save was in flight
-        # Per window, in order: (arm, the arm before it, each step's seconds on this rank,
-        # settling steps first, negative); the raw data behind a carryover diagnosis.
-        self.step_log: list[tuple[str, str, list[float]]] = []
-        self.previous = "warm-up"
-        self.steps: list[float] = []  # the current window's
         self.state_bytes = 0
 
+    def _save(self, blocking: bool = False) -> None:
+        self.label += 1
+        self.mgr.save(self.label, self.trainer.state, blocking=blocking)
+
     def warm_up(self) -> None:
-        trainer, mgr = self.trainer, self.mgr
+        trainer = self.trainer
         for _ in range(2):
             trainer.step()  # Adam state exists from here on: every save holds the same bytes
         # The first save allocates the stager's host copies and compares replicated tensors
@@ -224,111 +240,104 @@ class _Arms:
         # one-offs of a run, not per-checkpoint costs: with one save here the first repeat's
         # sync save took 1.15 s against 0.46-0.55 s after (fsdp2_50m, 2026-12-02).
         for _ in range(2):
-            self.label += 1
-            mgr.save(self.label, trainer.state, blocking=True)
-        warm = []
-        for _ in range(6):  # caches, allocator, the hook's first wait
-            t0 = time.perf_counter()
+            self._save(blocking=True)
+        for _ in range(4):  # caches, allocator, the hook's first wait
             trainer.step()
-            warm.append(time.perf_counter() - t0)
-        if self.plan.interval_s > 0:
-            # The step time from the last 3: the first steps after the saves run slow (1.2-1.8
-            # s against 1.05 s, fsdp2_50m), which set K too low (16.8 s windows for 20 s).
-            slowest = torch.tensor([statistics.median(warm[3:])])
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            every = max(1, round(self.plan.interval_s / float(slowest.item())))
-            self.plan = dataclasses.replace(self.plan, every=every, steps=every)
+        # Two trial async saves: the steps until committed on both ranks, under training's load
+        # (the blocking saves above ran without it). The flag is reduced every step so that both
+        # ranks run the same number of steps.
+        for _ in range(2):
+            self._save()
+            steps, busy = 0, True
+            while busy and steps < self.plan.trial_cap:
+                trainer.step()
+                steps += 1
+                flag = torch.tensor([int(self.mgr.in_flight())])
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                busy = bool(flag.item())
+            self.mgr.wait()
+            self.trials.append(steps)
+            for _ in range(self.plan.ref):
+                trainer.step()
+        self.a = max(self.trials) + self.plan.margin
+        self.mgr.take_hook_stall()
 
-    def _step(self) -> None:
+    def window(self, kind: str) -> None:
+        mgr, a, w = self.mgr, self.a, self.a + self.plan.ref
+        cpu0 = background_cpu()
+        mgr.take_hook_stall()
+        start = self._save if kind == "checkpoint" else _noop  # the same harness for both
         t0 = time.perf_counter()
-        self.trainer.step()
-        self.steps.append(time.perf_counter() - t0)
-
-    def settle(self) -> None:
-        for _ in range(self.plan.settle):
+        start()
+        save_s = time.perf_counter() - t0
+        # commit_step: after how many steps the save was seen committed on this rank (0: no
+        # save; -1: not within the window). Checked between steps, off their clocks.
+        steps, commit_step = [], 0 if kind == "placebo" else -1
+        for _ in range(w):
             t0 = time.perf_counter()
             self.trainer.step()
-            self.steps.append(-(time.perf_counter() - t0))
-
-    def plain(self) -> None:
-        for _ in range(self.plan.steps):
-            self._step()
-
-    def with_checkpoints(self) -> None:
-        mgr, plan = self.mgr, self.plan
-        mgr.take_hook_stall()
-        pending: float | None = None
-        since = 0
-        for i in range(plan.steps):
-            if i % plan.every == 0:
-                if pending is not None:
-                    self.stalls.append(pending + mgr.take_hook_stall())
-                    self.overlap.append(since)
-                self.busy_at_save.append(mgr.in_flight())
-                commits = mgr.commits
-                self.label += 1
-                mgr.save(self.label, self.trainer.state)
-                if mgr.commits > commits:
-                    self.persist.append(mgr.last_persist_s)
-                pending, since = mgr.last_stall_s, 0
-            self._step()
-            if mgr.in_flight():
-                since += 1
+            steps.append(time.perf_counter() - t0)
             mgr.poll()
-        mgr.wait()  # the window ends when its last checkpoint is committed
-        if pending is not None:
-            self.stalls.append(pending + mgr.take_hook_stall())
-            self.overlap.append(since)
-        self.persist.append(mgr.last_persist_s)
+            if commit_step < 0 and not mgr.in_flight():
+                commit_step = len(steps)
+        t0 = time.perf_counter()
+        mgr.wait()  # a no-op when committed; else its time is the window's (conservative)
+        wait_s = time.perf_counter() - t0
+        hook_s = mgr.take_hook_stall()
+        self.records.append(
+            {
+                "kind": kind,
+                "steps": [round(t, 6) for t in steps],
+                "save_s": round(save_s, 6),
+                "wait_s": round(wait_s, 6),
+                "hook_s": round(hook_s, 6),
+                "commit_step": commit_step,
+                "committed": 0 <= commit_step <= a,  # before the reference steps began
+                "bg_cpu_s": round(_cpu_between(cpu0, background_cpu()), 3),
+                "persist_s": round(mgr.last_persist_s, 4) if kind == "checkpoint" else 0.0,
+            }
+        )
 
-    def blocking_save(self) -> None:
-        self.mgr.save(self.label, self.trainer.state, blocking=True)
+    def sync_saves(self) -> None:
+        for _ in range(self.plan.sync_saves):
+            self.sync.append(_timed(self._save_blocking))
+        if self.rank == 0:
+            self.state_bytes = _dir_bytes(self.root / step_dir_name(self.label))
 
-    def run(self, arm: str) -> None:
-        previous, self.previous = self.previous, arm
-        if arm == "S":
-            self.label += 1
-            self.sync.append(_timed(self.blocking_save))
-            if self.rank == 0:
-                self.state_bytes = _dir_bytes(self.root / step_dir_name(self.label))
-            return
-        self.steps = []
-        self.settle()
-        before = self.mgr.commits
-        self.walls[arm].append(_timed(self.with_checkpoints if arm == "B" else self.plain))
-        self.saves_in[arm].append(self.mgr.commits - before)
-        self.step_log.append((arm, previous, [round(t, 5) for t in self.steps]))
-
-    def report(self, orders: list[list[str]]) -> dict[str, Any]:
-        return {
-            "plan": asdict(self.plan),
-            "params": self.trainer.params,
-            "state_bytes": self.state_bytes,
-            "orders": orders,
-            "wall_s": self.walls,
-            "saves_per_window": self.saves_in,
-            "step_s": statistics.median(self.walls["A"] + self.walls["A2"]) / self.plan.steps,
-            "sync_save_s": self.sync,
-            "async_stall_s": self.stalls,
-            "persist_s": self.persist,
-            "backpressured_saves": sum(self.busy_at_save),
-            "steps_overlapping_persist": self.overlap,
-            "step_log": self.step_log,
-            "max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-        }
+    def _save_blocking(self) -> None:
+        self._save(blocking=True)
 
 
 def measure(plan: Plan, rank: int, root: Path, seed: int) -> dict[str, Any]:
-    """All arms of one configuration, interleaved; runs on every rank (collectives)."""
-    arms = _Arms(plan, rank, root)
-    arms.warm_up()
-    orders = arm_orders(plan.repeats, seed)
-    for order in orders:
-        for arm in order:
-            arms.run(arm)
-    arms.mgr.close()
-    out = arms.report(orders)
-    del arms  # the next configuration needs the memory
+    """One configuration, all its windows; runs on every rank (collectives). Rank 0 returns the
+    raw data of both ranks (``windows[i]["ranks"]``), rank 1 an empty dict."""
+    run = _Run(plan, rank, root, seed)
+    t0 = time.perf_counter()
+    run.warm_up()
+    for i in range(2 * plan.windows):
+        run.window(KINDS[i % 2])
+    run.sync_saves()
+    run.mgr.close()
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, run.records)
+    out: dict[str, Any] = {}
+    if rank == 0:
+        out = {
+            "plan": asdict(plan),
+            "params": run.trainer.params,
+            "state_bytes": run.state_bytes,
+            "a": run.a,
+            "r": plan.ref,
+            "trial_commit_steps": run.trials,
+            "sync_save_s": run.sync,
+            "windows": [
+                {"kind": recs[0]["kind"], "ranks": list(recs)}
+                for recs in zip(*gathered, strict=True)
+            ],
+            "max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+    del run  # the next configuration needs the memory
     gc.collect()
     return out
 
@@ -347,45 +356,83 @@ def _worker(rank: int, plans: tuple[Plan, ...], tmp: str, seed: int, threads: in
         dist.destroy_process_group()
 
 
-def _spread(values: list[float]) -> list[float]:
-    return [round(min(values), 5), round(max(values), 5)]
+def _r(x: float, digits: int = 5) -> float:
+    return round(x, digits)
+
+
+def _ci(ci: tuple[float, float, float]) -> list[float]:
+    return [_r(ci[1]), _r(ci[2])]
+
+
+def _paired(windows: list[dict[str, Any]]) -> list[float]:
+    """Per checkpoint window: its whole time (outside + all W steps) minus that of the mean of
+    the placebo windows before and after it (a linear drift cancels), mean of the ranks. No
+    in-window reference: what a save left in its window's reference steps shows here."""
+
+    def total(win: dict[str, Any]) -> float:
+        return statistics.fmean(sum(r["steps"]) + r["save_s"] + r["wait_s"] for r in win["ranks"])
+
+    out = []
+    for i, win in enumerate(windows):
+        if win["kind"] == "checkpoint":
+            near = [
+                windows[j]
+                for j in (i - 1, i + 1)
+                if 0 <= j < len(windows) and windows[j]["kind"] == "placebo"
+            ]
+            out.append(total(win) - statistics.fmean(total(w) for w in near))
+    return out
 
 
 def summarize_one(detail: dict[str, Any]) -> dict[str, Any]:
-    """Per-repeat ratios of one configuration (arms of the same repeat are adjacent in time)."""
-    walls = detail["wall_s"]
-    # The loss is against both no-checkpoint windows of the repeat (their mean): against A
-    # alone, one slow A window read as a negative loss and a negative A/A together (ddp_200m,
-    # 2026-12-02: -2.4 % and -2.7 %). The A/A control stays A' against A: the harness's noise.
-    plain = [(a + a2) / 2 for a, a2 in zip(walls["A"], walls["A2"], strict=True)]
-    loss = [b / ref - 1 for ref, b in zip(plain, walls["B"], strict=True)]
-    aa = [a2 / a - 1 for a, a2 in zip(walls["A"], walls["A2"], strict=True)]
-    # Wall seconds one checkpoint costs (arm B's window holds steps/every of them); a loss
-    # of TARGET_LOSS needs an interval of about cost / TARGET_LOSS (an extrapolation).
-    per_window = detail["plan"]["steps"] // detail["plan"]["every"]
-    cost = statistics.median(
-        [(b - ref) / per_window for ref, b in zip(plain, walls["B"], strict=True)]
-    )
+    """The figures of one configuration from its raw windows (module doc)."""
+    a, interval = detail["a"], detail["plan"]["interval_s"]
+    est: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    cpu: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    blocked: list[float] = []
+    uncommitted = 0
+    for win in detail["windows"]:
+        recs, kind = win["ranks"], win["kind"]
+        per_rank = [window_estimate(r["steps"], a, r["save_s"] + r["wait_s"]) for r in recs]
+        est[kind].append(statistics.fmean(per_rank))
+        cpu[kind].append(statistics.fmean(r["bg_cpu_s"] for r in recs))
+        if kind == "checkpoint":
+            blocked.append(max(r["save_s"] + r["hook_s"] for r in recs))
+            uncommitted += not all(r["committed"] for r in recs)
+    cost, placebo = mean_ci95(est["checkpoint"]), mean_ci95(est["placebo"])
+    paired = mean_ci95(_paired(detail["windows"]))
+    stall = mean_ci95(blocked)
     sync = statistics.median(detail["sync_save_s"])
-    stalls = detail["async_stall_s"]
-    plan = detail["plan"]
+    v = verdict(cost[2], (placebo[1], placebo[2]), interval, uncommitted, paired_hi=paired[2])
+    ranks = {kind: [r for w in detail["windows"] if w["kind"] == kind for r in w["ranks"]]
+             for kind in KINDS}  # fmt: skip
+    placebo_steps = [t for r in ranks["placebo"] for t in r["steps"]]
+    persist = [r["persist_s"] for r in ranks["checkpoint"]]
     return {
-        "goodput_loss": round(statistics.median(loss), 5),
-        "goodput_loss_spread": _spread(loss),
-        "aa_control": round(statistics.median(aa), 5),
-        "aa_control_spread": _spread(aa),
-        "async_stall_ratio": round(statistics.median(stalls) / sync, 5),
-        "async_stall_ratio_spread": _spread([s / sync for s in stalls]),
-        "sync_save_s": round(sync, 4),
-        "async_stall_s": round(statistics.median(stalls), 4),
-        "persist_s": round(statistics.median(detail["persist_s"]), 4),
-        "checkpoint_cost_s": round(cost, 3),
-        "interval_for_target_s": round(max(cost, 0.0) / TARGET_LOSS, 1),
-        "every_steps": plan["every"],
-        "steps": plan["steps"],
-        "every_s": round(plan["every"] * detail["step_s"], 3),
-        "step_s": round(detail["step_s"], 4),
-        "repeats": plan["repeats"],
+        "goodput_loss": _r(v["loss_upper"]),
+        "async_stall_ratio": _r(stall[2] / sync),
+        "cost_s": _r(cost[0]),
+        "cost_ci95": _ci(cost),
+        "placebo_s": _r(placebo[0]),
+        "placebo_ci95": _ci(placebo),
+        "paired_cost_ci95": _ci(paired),
+        "interval_s": interval,
+        "loss_upper": _r(v["loss_upper"]),
+        "paired_loss_upper": _r(v["paired_loss_upper"]),
+        "interval_for_target_s": _r(max(cost[2], paired[2], 0.0) / TARGET_LOSS, 1),
+        "uncommitted_windows": uncommitted,
+        "background_cpu_s": _r(statistics.fmean(cpu["checkpoint"]), 3),
+        "background_cpu_placebo_s": _r(statistics.fmean(cpu["placebo"]), 3),
+        "async_stall_s": _r(stall[0]),
+        "sync_save_s": _r(sync, 4),
+        "persist_s": _r(statistics.median(persist), 4),
+        "step_s": _r(statistics.median(placebo_steps), 4),
+        "a": a,
+        "r": detail["r"],
+        "windows": {kind: len(values) for kind, values in est.items()},
+        "placebo_holds_zero": v["placebo_holds_zero"],
+        "placebo_narrow": v["placebo_narrow"],
+        "target_met": v["target_met"],
     }
 
 
@@ -393,24 +440,15 @@ def summarize(details: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The last line's figures: one map per figure, keyed like ``KEYS``."""
     keys = [key for key in KEYS if key in details]  # all four, except in a calibration run
     per = {key: summarize_one(details[key]) for key in keys}
-    out: dict[str, Any] = {name: {key: per[key][name] for key in keys} for name in MAPS}
-    # A checkpoint cannot make training faster: a loss whose whole spread is below 0 beats its
-    # own floor, so that measurement is wrong (a bias of the harness), whatever its median.
-    out["loss_below_floor"] = {key: per[key]["goodput_loss_spread"][1] < 0 for key in keys}
-    # Done when (issue 22): loss <= 5 % and the A/A control's spread holds 0 (the harness
-    # finds nothing where there is nothing), from a measurement that is not below its floor.
-    out["target_met"] = {
-        key: per[key]["goodput_loss"] <= TARGET_LOSS
-        and per[key]["aa_control_spread"][0] <= 0 <= per[key]["aa_control_spread"][1]
-        and not out["loss_below_floor"][key]
-        for key in keys
-    }
-    return out
+    names = (*MAPS, "placebo_holds_zero", "placebo_narrow", "target_met")
+    return {name: {key: per[key][name] for key in keys} for name in names}
 
 
 def run(
     plans: tuple[Plan, ...], *, scratch: Path | None, seed: int, overhead: tuple[int, int, int]
 ) -> dict[str, Any]:
+    if any(p.windows < 2 or p.ref < 1 for p in plans):
+        raise ValueError("each configuration needs >= 2 windows of each kind and >= 1 ref step")
     with tempfile.TemporaryDirectory(dir=scratch, prefix="trainstack-bench-") as tmp:
         # One thread per worker: two workers on a 2-core machine, as the supervisor sets
         # OMP_NUM_THREADS from the pod's CPUs; the overhead loop gets a worker's count.
@@ -447,16 +485,13 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainstack_runtime.bench")
     parser.add_argument("--dir", type=Path, default=None, help="scratch dir (default: a tmp dir)")
-    parser.add_argument("--quick", action="store_true", help="tiny models, few steps (tests)")
-    parser.add_argument("--seed", type=int, default=22, help="seed of the arms' order")
+    parser.add_argument("--quick", action="store_true", help="tiny models, few windows (tests)")
+    parser.add_argument("--seed", type=int, default=22, help="seed of the weights and inputs")
     parser.add_argument("--only", nargs="*", choices=KEYS, help="calibration: these configs")
-    parser.add_argument("--settle", type=int, default=None, help="calibration: settling steps")
     args = parser.parse_args(argv)
     plans: tuple[Plan, ...] = QUICK if args.quick else FULL
     if args.only:
         plans = tuple(p for p in plans if p.key in args.only)
-    if args.settle is not None:
-        plans = tuple(dataclasses.replace(p, settle=args.settle) for p in plans)
     overhead = (12, 2, 128) if args.quick else (300, 20, 1024)  # cycles, warm-up, width
     result = run(plans, scratch=args.dir, seed=args.seed, overhead=overhead)
     print(json.dumps(result, separators=(",", ":")), flush=True)
