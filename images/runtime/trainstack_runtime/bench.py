@@ -235,10 +235,11 @@ class _Run:
         trainer = self.trainer
         for _ in range(2):
             trainer.step()  # Adam state exists from here on: every save holds the same bytes
-        # The first save allocates the stager's host copies and compares replicated tensors
-        # across ranks; the second restarts the stager on the rank's share of them (DDP). All
-        # one-offs of a run, not per-checkpoint costs: with one save here the first repeat's
-        # sync save took 1.15 s against 0.46-0.55 s after (fsdp2_50m, 2026-12-02).
+        # The first save allocates the stager's host copies (the rank's share) and hashes
+        # every replicated tensor for the comparison across ranks; the second is the first
+        # to reuse the copies. One-offs of a run, not per-checkpoint costs: with one save
+        # here the first repeat's sync save took 1.15 s against 0.46-0.55 s after
+        # (fsdp2_50m, 2026-12-02, when the first save still staged the whole state).
         for _ in range(2):
             self._save(blocking=True)
         for _ in range(4):  # caches, allocator, the hook's first wait
