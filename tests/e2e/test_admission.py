@@ -43,8 +43,9 @@ def demo(previewer: Previewer) -> dict[str, Any]:
 
 def _probes(demo: dict[str, Any]) -> list[dict[str, Any]]:
     """Jobs that the table's settings (`CONFIG`) and prod's own judge differently, one per
-    policy whose settings differ: a digest from another registry (CONFIG allows one
-    registry), a build tag (prod takes digests only) and a pool picked by a label value no
+    policy whose settings differ: a digest from a registry prod allows and CONFIG does not
+    (CONFIG allows registry.example.com/ only; prod also its ECR registry, issue 41 #5), a
+    build tag (prod takes digests only) and a pool picked by a label value no
     pool has (prod pins its pools' own selectors)."""
 
     def image(job: dict[str, Any], value: str) -> dict[str, Any]:
@@ -53,7 +54,9 @@ def _probes(demo: dict[str, Any]) -> list[dict[str, Any]]:
             c["image"] = value
         return job
 
-    elsewhere = image(copy.deepcopy(demo), "elsewhere.example.org/a@sha256:" + "c" * 64)
+    elsewhere = image(
+        copy.deepcopy(demo), "111122223333.dkr.ecr.us-east-1.amazonaws.com/a@sha256:" + "c" * 64
+    )
     build_tag = image(copy.deepcopy(demo), "registry.example.com/a:2025.06.1")
     any_pool = copy.deepcopy(demo)
     any_pool["spec"]["tasks"][0]["template"]["spec"].pop("affinity")
