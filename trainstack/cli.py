@@ -33,7 +33,6 @@ from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan, normalise, write_plan
 from trainstack.preview.summary import capacity_renderables, jobs_renderables
 from trainstack.preview.validate import Validator
-from trainstack.yamlio import YamlSyntaxError
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 1
@@ -107,7 +106,7 @@ def relative(text: str) -> str:
 def described(err: Exception, *bases: Path) -> str:
     """What the user reads for an error: a config error's issues with the line of the file
     they point at (issue 41 #4), paths relative to here."""
-    if isinstance(err, ConfigError) and not isinstance(err, YamlSyntaxError):
+    if isinstance(err, ConfigError):  # a YamlSyntaxError renders its own line
         return relative(with_lines(err, *bases, Path.cwd()))
     return relative(str(err))
 

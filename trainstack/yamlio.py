@@ -10,7 +10,7 @@ a tenth of a team stack's preview. Both parsers build the same safe types.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +122,8 @@ class YamlSyntaxError(ConfigError):
         """`name:line:column`, for a report that names the file its own way."""
         return name if self.line is None else f"{name}:{self.line}:{self.column}"
 
-    def render(self) -> str:
+    def render(self, where: Callable[[ConfigIssue], str] | None = None) -> str:
+        del where  # one line, its position already in it
         return f"{self.location}: {self.problem}"
 
 

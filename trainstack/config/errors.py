@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 
@@ -27,11 +27,12 @@ class ConfigError(Exception):
         assert self.issues, "ConfigError needs at least one issue"
         super().__init__(self.render())
 
-    def render(self) -> str:
+    def render(self, where: Callable[[ConfigIssue], str] | None = None) -> str:
+        """The text the user reads; `where` prefixes an issue with its place (config/lines.py)."""
         count = len(self.issues)
         noun = "error" if count == 1 else "errors"
         lines = [f"{self.source}: {count} config {noun}:"]
-        lines += [f"  - {issue}" for issue in self.issues]
+        lines += [f"  - {where(issue) if where else ''}{issue}" for issue in self.issues]
         return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 from yaml.nodes import MappingNode, Node, SequenceNode
 
-from trainstack.config.errors import ConfigError
+from trainstack.config.errors import ConfigError, ConfigIssue
 
 _Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # Where a document's paths start: a job spec's at its root ("job"), a stack file's under
@@ -91,14 +91,14 @@ def with_lines(err: ConfigError, *bases: Path) -> str:
     Issues of another file name it first (`job_specs/x.yaml: job.spec…`, as a team stack's
     preview reports its jobs); relative names are looked for under each of `bases`."""
     source = Path(err.source)
-    rendered = []
-    for issue in err.issues:
+
+    def where(issue: ConfigIssue) -> str:
         file, path = source, issue.path
         if match := _FILE_PREFIX.match(issue.path):
             path = match["path"]
             candidates = [base / match["file"] for base in bases] + [Path(match["file"])]
             file = next((c for c in candidates if c.is_file()), Path(match["file"]))
         line = line_of(file, path)
-        rendered.append(f"  - {'' if line is None else f'line {line}: '}{issue}")
-    noun = "error" if len(rendered) == 1 else "errors"
-    return "\n".join([f"{err.source}: {len(rendered)} config {noun}:", *rendered])
+        return "" if line is None else f"line {line}: "
+
+    return err.render(where)
