@@ -108,9 +108,10 @@ class Previewer:
         config, values = self.load(stack)
         stack_outputs: dict[str, tuple[dict[str, Any], list[str]]] = {}
         region = "us-east-1"
+        spec_files: dict[str, str] = {}
         if isinstance(config, TeamStackConfig):
             platform_plan = self._platform_for(config)
-            self.check_jobs(config, platform_plan)
+            spec_files = self.check_jobs(config, platform_plan)
             stack_outputs[config.platform_stack] = (
                 platform_plan.outputs,
                 sorted(k for k, v in platform_plan.outputs.items() if v == "[secret]"),
@@ -119,12 +120,15 @@ class Previewer:
             region = config.aws.region
         result = synth(self.project.root, stack, values, region=region, stack_outputs=stack_outputs)
         plan = Plan.from_synth(result, "platform" if isinstance(config, PlatformConfig) else "team")
-        plan = replace(plan, violations=self._policy(config, plan))
+        plan = replace(plan, violations=self._policy(config, plan, spec_files))
         self._plans[stack] = plan
         return plan
 
-    def _policy(self, config: StackConfig, plan: Plan) -> tuple[dict[str, str], ...]:
-        """The policy pack over the plan, configured from the (referenced) platform stack."""
+    def _policy(
+        self, config: StackConfig, plan: Plan, spec_files: dict[str, str]
+    ) -> tuple[dict[str, str], ...]:
+        """The policy pack over the plan, configured from the (referenced) platform stack;
+        `spec_files` (job name -> spec file) names a job finding's spec."""
         platform = config
         if isinstance(config, TeamStackConfig):
             platform, _ = self.load(config.platform_stack_name)
@@ -137,27 +141,21 @@ class Previewer:
             {r.ref: r.property_dependencies for r in custom if r.property_dependencies},
         )
         violations = [v.to_json() for v in sorted(found, key=lambda v: (v.rule, v.resource))]
-        if isinstance(config, TeamStackConfig):
-            # A job's finding names the spec the user wrote, not its Pulumi resource
-            # (`team-vision-vit-fsdp-volcano`, issue 41 #4).
-            specs = self._spec_files(config)
-            jobs = {
-                r.name: specs.get(r.inputs.get("metadata", {}).get("name"))
-                for r in custom
-                if r.type == VOLCANO_JOB
-            }
-            for v in violations:  # beside the resource, which the policy host also names
-                if jobs.get(v["resource"]):
-                    v["source"] = str(jobs[v["resource"]])
+        # A job's finding names the spec the user wrote, not its Pulumi resource
+        # (`team-vision-vit-fsdp-volcano`, issue 41 #4).
+        jobs = {
+            r.name: spec_files.get(r.inputs.get("metadata", {}).get("name"))
+            for r in custom
+            if r.type == VOLCANO_JOB
+        }
+        for v in violations:  # beside the resource, which the policy host also names
+            if source := jobs.get(v["resource"]):
+                v["source"] = source
         return tuple(violations)
 
-    def _spec_files(self, config: TeamStackConfig) -> dict[str, str]:
-        """Job name -> its spec file, relative to the project."""
-        specs, _ = collect_jobs(self.project.root, config.jobs)
-        return {s.name: str(Path(s.source).relative_to(self.project.root)) for s in specs}
-
-    def check_jobs(self, config: TeamStackConfig, platform_plan: Plan) -> None:
-        """Every job of the team stack against the platform, all problems at once."""
+    def check_jobs(self, config: TeamStackConfig, platform_plan: Plan) -> dict[str, str]:
+        """Every job of the team stack against the platform, all problems at once; each
+        job's spec file (name -> path relative to the project) when there is none."""
         specs, issues = collect_jobs(self.project.root, config.jobs)
         view = PlatformView(platform_plan.outputs)
         for spec in specs:
@@ -168,6 +166,7 @@ class Previewer:
             ]
         if issues:
             raise ConfigError(f"stack {config.stack}", issues)
+        return {s.name: str(Path(s.source).relative_to(self.project.root)) for s in specs}
 
     def render_job(self, stack: str, spec_path: Path) -> dict[str, Any]:
         """The Volcano Job a team stack would create for one spec (`trainstack render-job`),
