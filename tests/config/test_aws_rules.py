@@ -151,7 +151,7 @@ REFUSED = [
             f"{P}aws.network.availabilityZones[0]: zone 'us-east-1a' is not in region 'us-east'",
             f"{P}aws.network.availabilityZones[1]: zone 'us-east-1b' is not in region 'us-east'",
             f"{P}aws.region: 'us-east' does not match the expected format "
-            "^[a-z]{2}(-gov)?-[a-z]+-[0-9]$",
+            "^[a-z]{2}(-gov)?-[a-z]+-[0-9]$ (An AWS region code, e.g. us-east-1.)",
         ],
         id="region-code-format",
     ),
@@ -159,7 +159,8 @@ REFUSED = [
         {"aws.network.availabilityZones": ["us-east-1a", "use1-az1"]},
         [
             f"{P}aws.network.availabilityZones[1]: 'use1-az1' does not match the expected format "
-            "^[a-z]{2}(-gov)?-[a-z]+-[0-9][a-z]$",
+            "^[a-z]{2}(-gov)?-[a-z]+-[0-9][a-z]$ (An availability zone name (not a zone ID "
+            "such as use1-az1), e.g. us-east-1a.)",
             f"{P}aws.network.availabilityZones[1]: zone 'use1-az1' is not in region 'us-east-1'",
         ],
         id="zone-name-not-zone-id",
@@ -168,7 +169,7 @@ REFUSED = [
         {"aws.network": existing_vpc("us-east-1a", "us-east-1b", vpc_id="vpc-123")},
         [
             f"{P}aws.network.existingVpc.vpcId: 'vpc-123' does not match the expected format "
-            "^vpc-[0-9a-f]{8,17}$"
+            "^vpc-[0-9a-f]{8,17}$ (A VPC ID, e.g. vpc-0abc1234def567890.)"
         ],
         id="vpc-id-format",
     ),
@@ -227,7 +228,8 @@ REFUSED = [
         {"aws.cluster": {"adminPrincipalArns": ["arn:aws:iam::111122223333:group/admins"]}},
         [
             f"{P}aws.cluster.adminPrincipalArns[0]: 'arn:aws:iam::111122223333:group/admins' "
-            "does not match the expected format ^arn:aws[-a-z]*:iam::[0-9]{12}:(role|user)/.+$"
+            "does not match the expected format ^arn:aws[-a-z]*:iam::[0-9]{12}:(role|user)/.+$ "
+            "(An IAM role or user ARN, e.g. arn:aws:iam::123456789012:role/platform-admins.)"
         ],
         id="access-entry-for-an-iam-group",
     ),
@@ -235,7 +237,8 @@ REFUSED = [
         {"aws.cluster": {"addons": {**CORE_PINS, "vpc-cni": "1.20.4"}}},
         [
             f"{P}aws.cluster.addons.vpc-cni: '1.20.4' does not match the expected format "
-            "^v[0-9]+\\.[0-9]+\\.[0-9]+-eksbuild\\.[0-9]+$"
+            "^v[0-9]+\\.[0-9]+\\.[0-9]+-eksbuild\\.[0-9]+$ (An EKS add-on version as `aws eks "
+            "describe-addon-versions` lists it, e.g. v1.20.4-eksbuild.1.)"
         ],
         id="addon-version-not-an-eks-build",
     ),
@@ -243,7 +246,7 @@ REFUSED = [
         {"aws.cluster": {"addons": {**CORE_PINS, "VPC_CNI": "v1.20.4-eksbuild.1"}}},
         [
             f"{P}aws.cluster.addons.VPC_CNI: 'VPC_CNI' does not match the expected format "
-            "^[a-z][a-z0-9-]*$"
+            "^[a-z][a-z0-9-]*$ (An EKS add-on name, e.g. vpc-cni.)"
         ],
         id="addon-name-format",
     ),
@@ -329,7 +332,8 @@ REFUSED = [
         {"gpuPools.0.capacity": {"type": "reservation", "reservationId": "cr-XYZ"}},
         [
             f"{P}gpuPools[0].capacity.reservationId: 'cr-XYZ' does not match the expected "
-            "format ^cr-[0-9a-f]{8,17}$"
+            "format ^cr-[0-9a-f]{8,17}$ (An EC2 capacity reservation ID, e.g. "
+            "cr-0abc1234def567890.)"
         ],
         id="reservation-id-format",
     ),
@@ -343,7 +347,9 @@ REFUSED = [
         [
             f"{P}gpuPools[0].capacity.reservationGroupArn: 'arn:aws:ec2:us-east-1:111122223333:"
             "capacity-reservation/cr-1' does not match the expected format "
-            "^arn:aws[-a-z]*:resource-groups:[a-z0-9-]+:[0-9]{12}:group/.+$"
+            "^arn:aws[-a-z]*:resource-groups:[a-z0-9-]+:[0-9]{12}:group/.+$ (A capacity "
+            "reservation group (resource group) ARN, e.g. arn:aws:resource-groups:us-east-1:"
+            "123456789012:group/p5-reservations.)"
         ],
         id="reservation-group-is-a-resource-group-arn",
     ),
@@ -419,9 +425,11 @@ REFUSED = [
             f"{P}storage.lustre.dataRepository.autoImport[0]: 'MODIFIED' is not one of NEW, "
             "CHANGED, DELETED",
             f"{P}storage.lustre.dataRepository.bucket: 'My_Bucket' does not match the expected "
-            "format ^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$",
+            "format ^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$ (An S3 bucket name: 3-63 lowercase letters, "
+            "digits, '.' and '-', e.g. acme-training-data.)",
             f"{P}storage.lustre.dataRepository.prefix: '/datasets' does not match the expected "
-            "format ^([^/].*/)?$",
+            "format ^([^/].*/)?$ (Key prefix within the bucket that the file system links to: "
+            "empty for the whole bucket, or ending in '/' without a leading '/', e.g. datasets/.)",
         ],
         id="data-repository-bucket-prefix-events",
     ),

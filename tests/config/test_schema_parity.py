@@ -146,24 +146,42 @@ def test_patterns_follow_ecma_262_not_python(value: str) -> None:
     assert [i.path for i in schema_issues("job.schema.json", doc, "job")] == ["job.metadata.team"]
 
 
+def schema_nodes() -> Iterator[tuple[str, dict[str, Any]]]:
+    """(path, node) for every object node of every schema trainstack ships."""
+    from trainstack.config.schema import SCHEMA_FILES, load_schema  # noqa: PLC0415
+
+    def walk(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        if isinstance(node, dict):
+            yield path, node
+            for key, value in node.items():
+                yield from walk(value, f"{path}/{key}")
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                yield from walk(value, f"{path}[{index}]")
+
+    for name in SCHEMA_FILES:
+        yield from walk(load_schema(name), name)
+
+
 def test_integer_enums_say_integer() -> None:
     """JSON equality makes 365.0 a member of [1, 3, …, 365]: an enum of counts also needs
     "type": "integer" to refuse the float (the fuzzer found logRetentionDays: 365.0)."""
-    from trainstack.config.schema import SCHEMA_FILES, load_schema  # noqa: PLC0415
-
-    untyped = []
-
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, dict):
-            values = node.get("enum", [])
-            if values and all(type(v) is int for v in values) and node.get("type") != "integer":
-                untyped.append(path)
-            for key, value in node.items():
-                walk(value, f"{path}/{key}")
-        elif isinstance(node, list):
-            for index, value in enumerate(node):
-                walk(value, f"{path}[{index}]")
-
-    for name in SCHEMA_FILES:
-        walk(load_schema(name), name)
+    untyped = [
+        path
+        for path, node in schema_nodes()
+        if node.get("enum")
+        and all(type(v) is int for v in node["enum"])
+        and node.get("type") != "integer"
+    ]
     assert untyped == []
+
+
+def test_every_pattern_explains_itself() -> None:
+    """A pattern error prints the schema's description next to the regex; a pattern without one
+    left users reading a bare regex such as ^cr-[0-9a-f]{8,17}$ (issue 41 #4)."""
+    bare = [
+        f"{path}: {node['pattern']}"
+        for path, node in schema_nodes()
+        if "pattern" in node and not node.get("description")
+    ]
+    assert bare == []
