@@ -41,11 +41,11 @@ $(PREVIEW_STAMP): pyproject.toml requirements.txt
 
 # Development: the project's environment plus the tools, torch and the images' packages.
 $(STAMP): $(PREVIEW_STAMP) images/runtime/pyproject.toml images/prewarm/pyproject.toml \
-		images/deadlines/pyproject.toml
+		images/deadlines/pyproject.toml images/health/pyproject.toml
 	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL)) \
 		"$$($(BIN)/python -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["torch"][0])')"
 	$(BIN)/python -m pip install -q -e '.[dev]' -e images/runtime -e images/prewarm \
-		-e images/deadlines
+		-e images/deadlines -e images/health
 	# The CSI spec's modules for the cache agent, from its Go module (sha256-pinned, cached).
 	$(BIN)/python -m trainstack_prewarm.csi_proto
 	touch $@

@@ -20,8 +20,14 @@ PLATFORM = ROOT / "trainstack"
 COPIES = {
     "runtime": ROOT / "images" / "runtime" / "trainstack_runtime" / "contract.py",
     "deadlines": ROOT / "images" / "deadlines" / "trainstack_deadlines" / "contract.py",
+    "health": ROOT / "images" / "health" / "trainstack_health" / "contract.py",
 }
-IMAGE_PACKAGES = {"trainstack_runtime", "trainstack_deadlines", "trainstack_prewarm"}
+IMAGE_PACKAGES = {
+    "trainstack_runtime",
+    "trainstack_deadlines",
+    "trainstack_prewarm",
+    "trainstack_health",
+}
 
 
 @pytest.mark.parametrize("name", sorted(COPIES))
