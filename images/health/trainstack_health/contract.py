@@ -30,8 +30,19 @@ STATE_FAILED: Final = "failed"
 STATE_CHECKING: Final = "checking"
 REASON_LABEL: Final = "trainstack.io/health-reason"  # the first failed check, e.g. "xid"
 REPAIR_LABEL: Final = "trainstack.io/health-repair"  # drained | requested | hook-failed
+# When the repair controller drained the node (Unix seconds): the repair delay counts from it.
+DRAINED_AT_ANNOTATION: Final = "trainstack.io/health-drained-at"
+# Set by the repair controller on a node whose ranks keep straggling (value: "straggler"): the
+# agent re-checks the node at its next idle moment and then removes the label.
+RECHECK_LABEL: Final = "trainstack.io/health-recheck"
+RECHECK_STRAGGLER: Final = "straggler"
+# The platform's alert on a straggling rank (builders/monitoring/health.py defines it; the
+# repair controller counts its firings per node in Prometheus to set RECHECK_LABEL).
+STRAGGLER_ALERT: Final = "TrainstackGpuRankStraggler"
 # Every label key the agent may set or remove (the admission policy allows only these).
-AGENT_LABELS: Final = (STATE_LABEL, REASON_LABEL)
+AGENT_LABELS: Final = (STATE_LABEL, REASON_LABEL, RECHECK_LABEL)
+# ... and the repair controller.
+REPAIR_LABELS: Final = (REPAIR_LABEL, RECHECK_LABEL)
 
 # Checks, in the order they run; a failure names the first that failed (REASON_LABEL).
 CHECK_GPU_COUNT: Final = "gpu-count"
@@ -58,6 +69,9 @@ EVENT_PASSED: Final = "HealthCheckPassed"
 EVENT_FAILED: Final = "HealthCheckFailed"
 EVENT_DRAINED: Final = "HealthDrained"
 EVENT_REPAIR: Final = "HealthRepairRequested"
+# The agent found its node schedulable before any check had passed: the node registered
+# without the startup taint (an existing cluster's kubelet flags lack it). The agent taints it.
+EVENT_UNGATED: Final = "HealthGateMissing"
 EVENT_NAMESPACE: Final = "default"
 
 # --- what the platform gives the programs -------------------------------------------------
@@ -70,7 +84,10 @@ CONFIGMAP: Final = "trainstack-health"
 #   "ibPorts": int, "ibRateGbps": int | null, "busbwFloorGBps": float | null,
 #   "dcgmLevel": int}}, "recheckSeconds": int,
 #  "repair": {"mode": "replace" | "hook" | "none", "hookUrl": str | null,
-#             "delaySeconds": int, "region": str | null, "clusterName": str}}
+#             "delaySeconds": int, "region": str | null, "clusterName": str,
+#             "prometheusUrl": str | null, "stragglerAlerts": int}}
+# (stragglerAlerts: straggler alerts naming a node within a day before the repair controller
+# sets RECHECK_LABEL on it; prometheusUrl null: stragglers are not followed up.)
 EXPECTATIONS_PATH: Final = "/etc/trainstack-health/expectations.json"
 NODE_NAME_ENV: Final = "NODE_NAME"  # the downward API's spec.nodeName
 # A bound service-account token's node name, as the API server puts it in userInfo.extra
@@ -106,9 +123,13 @@ METRICS: Final[dict[str, tuple[str, str]]] = {
         "gauge",
         "Bus bandwidth of the node's last intra-node NCCL all-reduce (GB/s)",
     ),
+    "trainstack_node_health_ungated_total": (
+        "counter",
+        "Times the agent found its node schedulable with no check passed (no startup taint)",
+    ),
     "trainstack_node_repairs_total": (
         "counter",
-        "Repairs of failed nodes, by action (drain, replace, hook)",
+        "Repairs of failed nodes, by action (drain, replace, hook, recheck)",
     ),
     "trainstack_node_repair_errors_total": (
         "counter",
@@ -122,6 +143,7 @@ METRIC_LABELS: Final[dict[str, tuple[str, ...]]] = {
     "trainstack_node_health_checks_total": ("node", "pool"),
     "trainstack_node_health_last_check_timestamp_seconds": ("node", "pool"),
     "trainstack_node_health_busbw_gbps": ("node", "pool"),
+    "trainstack_node_health_ungated_total": ("node", "pool"),
     "trainstack_node_repairs_total": ("pool", "action"),
     "trainstack_node_repair_errors_total": ("operation",),
 }
