@@ -9,6 +9,15 @@ from importlib import resources
 import yaml
 
 CATALOG_FILE = "instances.yaml"
+# The share of a type's published all-reduce bus bandwidth a healthy node must reach. Bus
+# bandwidth is the figure nccl-tests meant to be held against the hardware's peak,
+# independently of the number of ranks (NVIDIA/nccl-tests v2.19.6 doc/PERFORMANCE.md, "Bus
+# bandwidth"), so one figure per type serves every node of it. A published figure is a good
+# run (tuned NCCL, the largest sizes): the 20 % margin leaves room for a different NCCL or
+# driver version and the agent's shorter run, while a lost NVLink or a GPU on a narrower
+# link costs far more than that. A policy choice, stated in docs/health.md; tighten it with
+# your own measurements.
+FLOOR_FRACTION = 0.8
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,18 @@ class InstanceType:
     network_cards: int
     efa_cards: tuple[int, ...]
     max_pods: int
+    # The intra-node NCCL all-reduce (issue 42): the published bus bandwidth one node reached
+    # (GB/s; None: no published figure) and its source, or why there is none.
+    busbw_published_gbps: float | None = None
+    busbw_source: str = ""
+
+    @property
+    def busbw_floor_gbps(self) -> float | None:
+        """What the health agent holds a node's intra-node all-reduce bus bandwidth to:
+        FLOOR_FRACTION of the published figure (None: no figure, no floor)."""
+        if self.busbw_published_gbps is None:
+            return None
+        return round(self.busbw_published_gbps * FLOOR_FRACTION, 1)
 
     @property
     def efa_devices(self) -> int:
@@ -121,6 +142,21 @@ def catalog() -> dict[str, InstanceType]:
             for c in cards
             if isinstance(c, int) and isinstance(limit, int) and c >= limit
         ]
+    reduce = document.get("allReduce", {}) if isinstance(document, dict) else {}
+    reduce = reduce if isinstance(reduce, dict) else {}
+    for name in entries if isinstance(entries, dict) else ():
+        if name not in reduce:
+            issues.append(
+                ConfigIssue(
+                    f"instances.yaml.allReduce.{name}",
+                    "missing: give busbwGBps with its source, or the reason there is none",
+                )
+            )
+    issues += [
+        ConfigIssue(f"instances.yaml.allReduce.{name}", "not an instance type of the catalog")
+        for name in reduce
+        if isinstance(entries, dict) and name not in entries
+    ]
     if issues:
         raise ConfigError("trainstack/data/instances.yaml", issues)
     return {
@@ -136,6 +172,8 @@ def catalog() -> dict[str, InstanceType]:
             network_cards=e["networkCards"],
             efa_cards=tuple(e["efaCards"]),
             max_pods=e["maxPods"],
+            busbw_published_gbps=reduce[name].get("busbwGBps"),
+            busbw_source=reduce[name].get("source") or reduce[name]["reason"],
         )
         for name, e in sorted(entries.items())
     }

@@ -55,6 +55,8 @@ PLATFORM_IMAGES: tuple[tuple[tuple[str, ...], str], ...] = (
      "<registry>/csi-node-driver-registrar@sha256:…"),
     (("storage", "layoutImage"), "build images/prewarm, push it to your registry and set "
      "layoutImage: <registry>/trainstack/prewarm@sha256:… (docs/security.md)"),
+    (("health", "image"), "build images/health, push it to your registry and set "
+     "image: <registry>/trainstack/health@sha256:… (docs/health.md)"),
 )  # fmt: skip
 
 
@@ -67,6 +69,8 @@ def _image_in_use(doc: Mapping[str, Any], where: tuple[str, ...]) -> tuple[bool,
         return where[0] == "scheduling", None  # the enforcer runs on every platform
     if where == ("storage", "layoutImage"):  # runs where there is a shared file system
         return "lustre" in node or "existingLustre" in node, node.get(where[-1])
+    if where == ("health", "image"):  # runs only with the health gate on
+        return node.get("enabled") is True, node.get(where[-1])
     return True, node.get(where[-1])
 
 

@@ -19,6 +19,7 @@ from trainstack.config.aws import addon_pin_checks, aws_checks, build_aws
 from trainstack.config.capacity import capacity_issues, mode_issues
 from trainstack.config.checks import dict_items, duplicate_names
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean, join_path
+from trainstack.config.health import build_health, health_checks
 from trainstack.config.images import platform_image_checks
 from trainstack.config.monitoring import build_monitoring, monitoring_checks
 from trainstack.config.pools import build_pools, network_zones, pool_checks
@@ -179,6 +180,7 @@ def _platform_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     issues.extend(pool_checks(doc, root))
     issues.extend(storage_checks(doc, root, network_zones(doc)))
     issues.extend(monitoring_checks(doc, root))
+    issues.extend(health_checks(doc, root))
     issues.extend(addon_checks(doc, root))
     return issues
 
@@ -322,6 +324,7 @@ def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
         storage=build_storage(doc, cluster_name, pools, tuple(sorted(network_zones(doc) or ()))),
         monitoring=build_monitoring(doc["monitoring"]),
         addons=build_addons(doc["addons"]),
+        health=build_health(doc),
     )
 
 

@@ -396,6 +396,34 @@ class Monitoring:
     prices: tuple[GpuPrice, ...] = ()
 
 
+RepairMode = Literal["replace", "hook", "none"]
+
+
+@dataclass(frozen=True)
+class RepairConfig:
+    """What happens to a node that failed its health check (docs/health.md)."""
+
+    mode: RepairMode = "none"  # the loader: replace on aws, none on existing clusters
+    hook_url: str | None = None  # mode hook: where the failed node is POSTed (https)
+    delay_minutes: int = 10
+    # The Prometheus asked for straggler alerts; the loader fills the platform's own.
+    prometheus_url: str | None = None
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """The GPU node health gate (`health:`); the schema holds the defaults."""
+
+    enabled: bool = False
+    image: str = "registry.example.com/trainstack/health:0.1.0"
+    dcgm_level: int = 2  # contracts.health.DEFAULT_DCGM_LEVEL
+    recheck_minutes: int = 60
+    straggler_ratio: float = 1.25
+    straggler_minutes: int = 30
+    straggler_alerts: int = 3
+    repair: RepairConfig = RepairConfig()
+
+
 @dataclass(frozen=True)
 class PlatformConfig:
     """The platform stack: cluster, shared services and the team registry."""
@@ -420,6 +448,7 @@ class PlatformConfig:
     monitoring: Monitoring = Monitoring()
     policy: PolicySettings = PolicySettings()
     addons: tuple[tuple[str, AddonSource], ...] = ()
+    health: HealthConfig = HealthConfig()
 
     def pool(self, name: str) -> GpuPool | None:
         return next((p for p in self.gpu_pools if p.name == name), None)
