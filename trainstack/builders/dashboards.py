@@ -177,7 +177,56 @@ def _cluster(cfg: PlatformConfig) -> tuple[str, str, list[str], list[tuple[str, 
                 ],
             )
         )
+    if cfg.health.enabled and cfg.gpu_pools:
+        rows.append(("Node health gate", _health_panels()))
     return "trainstack-cluster", "trainstack / Cluster", [], rows
+
+
+def _health_panels() -> list[PanelSpec]:
+    """The health agent's and repair controller's metrics (contracts/health.py METRICS), one
+    series per node as the alerts count them (builders/monitoring/health.py per_node)."""
+    passed = "max by (node, pool) (trainstack_node_health_passed)"
+    checked = "max by (node, pool) (trainstack_node_health_last_check_timestamp_seconds) > 0"
+    return [
+        PanelSpec(
+            "Nodes passing their health check, by pool",
+            (Query(f"sum by (pool) ({passed})", "{{pool}}"),),
+        ),
+        PanelSpec(
+            "Nodes failing their health check",
+            (Query(f"count(({passed} == 0) and on (node, pool) ({checked}))", "failed"),),
+            kind="stat",
+            width=6,
+        ),
+        PanelSpec(
+            "Node repairs in range",
+            (
+                Query(
+                    "sum by (action) (increase(trainstack_node_repairs_total[$__range]))",
+                    "{{action}}",
+                ),
+            ),
+            kind="stat",
+            width=6,
+        ),
+        PanelSpec(
+            "Health check duration by check (slowest node)",
+            (
+                Query(
+                    "max by (check) (trainstack_node_health_check_duration_seconds)",
+                    "{{check}}",
+                ),
+            ),
+            unit="s",
+        ),
+        PanelSpec(
+            "Intra-node all-reduce bus bandwidth by node",
+            (Query("max by (node) (trainstack_node_health_busbw_gbps)", "{{node}}"),),
+            # Grafana's "gigabytes/sec" (10^9 B/s, the figure's own unit): grafana
+            # packages/grafana-data/src/valueFormats/categories.ts, id 'GBs'.
+            unit="GBs",
+        ),
+    ]
 
 
 def _team(cfg: PlatformConfig) -> tuple[str, str, list[str], list[tuple[str, list[PanelSpec]]]]:

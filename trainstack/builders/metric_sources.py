@@ -16,6 +16,8 @@ here nor recorded by one of trainstack's own recording rules. Sources:
   the queue PodGroup counts come from the controllers, pkg/controllers/metrics/queue.go).
 - The training runtime: `trainstack.contracts.runtime.METRICS` (docs/runtime.md).
 - The maximum-duration enforcer: `trainstack.contracts.deadlines.METRICS` (docs/deadlines.md).
+- The node health agent and its repair controller: `trainstack.contracts.health.METRICS`
+  (docs/health.md).
 - Prometheus: `ALERTS`.
 """
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from trainstack.contracts import deadlines
+from trainstack.contracts import deadlines, health
 from trainstack.contracts import runtime as contract
 
 # (DCGM field, Prometheus type, help): the exact list dcgm-exporter exports (`-f` CSV).
@@ -101,6 +103,7 @@ SOURCES: Final[dict[str, tuple[str, ...]]] = {
     "volcano-controllers": VOLCANO_CONTROLLER_METRICS,
     "trainstack runtime": tuple(contract.METRICS),
     "trainstack deadlines": tuple(deadlines.METRICS),
+    "trainstack health": tuple(health.METRICS),
 }
 
 

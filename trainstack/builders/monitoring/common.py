@@ -66,6 +66,29 @@ def object_meta(cfg: PlatformConfig, name: str, ns: str) -> dict[str, Any]:
     return {"name": name, "namespace": ns, "labels": labels.base_labels(cfg.stack)}
 
 
+def alert_rule(  # noqa: PLR0917 - one positional row per alert reads like a table
+    runbook: str,
+    name: str,
+    expr: str,
+    minutes: float,
+    severity: str,
+    summary: str,
+    description: str,
+) -> dict[str, Any]:
+    """An alerting rule whose runbook is the section `### <name>` of the runbook page."""
+    return {
+        "alert": name,
+        "expr": expr,
+        "for": f"{int(minutes)}m",
+        "labels": {"severity": severity},
+        "annotations": {
+            "summary": summary,
+            "description": description,
+            "runbook_url": f"{runbook}#{name.lower()}",
+        },
+    }
+
+
 def monitoring_namespace(cfg: PlatformConfig) -> dict[str, Any]:
     # node-exporter (host network/PID) and dcgm-exporter (SYS_ADMIN) need privileged pods.
     return namespace(

@@ -17,6 +17,8 @@ from trainstack.builders.monitoring.common import (
     RUNNING_PODS,
     object_meta,
 )
+from trainstack.builders.monitoring.common import alert_rule as _alert
+from trainstack.builders.monitoring.health import health_alerts
 from trainstack.config.model import PlatformConfig
 
 
@@ -144,28 +146,6 @@ def accounting_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
                 }
             )
     return rules
-
-
-def _alert(  # noqa: PLR0917 - one positional row per alert reads like a table
-    runbook: str,
-    name: str,
-    expr: str,
-    minutes: float,
-    severity: str,
-    summary: str,
-    description: str,
-) -> dict[str, Any]:
-    return {
-        "alert": name,
-        "expr": expr,
-        "for": f"{int(minutes)}m",
-        "labels": {"severity": severity},
-        "annotations": {
-            "summary": summary,
-            "description": description,
-            "runbook_url": f"{runbook}#{name.lower()}",
-        },
-    }
 
 
 def _job_elapsed() -> str:
@@ -391,6 +371,8 @@ def alert_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
             f"The node has not been Ready for {t.node_not_ready_minutes}m; gang jobs on it are "
             "stuck or failing.",
         ),
+        # The node health gate (docs/health.md) and stragglers named by their node.
+        *health_alerts(cfg),
     ]
 
 

@@ -12,6 +12,7 @@ from trainstack.builders.monitoring.common import (
     RUNTIME_PORT,
     object_meta,
 )
+from trainstack.builders.monitoring.health import pod_monitors as health_pod_monitors
 from trainstack.builders.scheduling import VOLCANO_NAMESPACE
 from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig
 
@@ -95,8 +96,8 @@ def service_monitors(cfg: PlatformConfig) -> list[dict[str, Any]]:
 
 def pod_monitors(cfg: PlatformConfig) -> list[dict[str, Any]]:
     """The training runtime's /metrics in every team namespace (its pods declare the port),
-    and the maximum-duration enforcer's in the system namespace (its container declares
-    `metrics`)."""
+    the maximum-duration enforcer's in the system namespace (its container declares
+    `metrics`), and the node health agent's and repair controller's when the gate is enabled."""
     monitors: list[dict[str, Any]] = [
         {
             "apiVersion": "monitoring.coreos.com/v1",
@@ -107,8 +108,11 @@ def pod_monitors(cfg: PlatformConfig) -> list[dict[str, Any]]:
                 "selector": {"matchLabels": deadlines.pod_labels()},
                 "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s"}],
             },
-        }
+        },
+        *health_pod_monitors(cfg),
     ]
+    # The pod's node as `node` on every runtime series: the straggler alert names the node a
+    # slow rank runs on (builders/monitoring/health.py).
     relabelings: list[dict[str, Any]] = [
         {"sourceLabels": [_pod_label_meta(key)], "targetLabel": target}
         for key, target in _TRAINING_RELABEL
