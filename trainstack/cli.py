@@ -7,6 +7,8 @@ no traceback), 2 bad command-line usage, 3 mandatory policy violations in a prev
 from __future__ import annotations
 
 import inspect
+import shutil
+import subprocess
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -25,8 +27,12 @@ from trainstack.config import ConfigError, ConfigIssue
 from trainstack.config.errors import did_you_mean
 from trainstack.config.lines import with_lines
 from trainstack.config.loader import stack_name_from_path
+from trainstack.config.model import TeamStackConfig
 from trainstack.diff.cli import register as _register_diff
 from trainstack.diff.cli import select_changed as _select_changed
+from trainstack.jobs.healthcheck import UsageError as HealthcheckUsage
+from trainstack.jobs.healthcheck import healthcheck
+from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.spec import advice, load_job
 from trainstack.preview import policy_config as policy_files
 from trainstack.preview.engine import Previewer, Project
@@ -227,7 +233,7 @@ class StackArgumentError(ConfigError):
     (issue 41 #6: a misspelt stack name exited 1, as a config error)."""
 
 
-def _usage(err: StackArgumentError) -> typer.Exit:
+def _usage(err: ConfigError) -> typer.Exit:
     errors.print(Text.assemble(("error: ", "bold red"), relative(str(err))), soft_wrap=True)
     return typer.Exit(EXIT_USAGE)
 
@@ -427,6 +433,95 @@ def render_job(
     except (ConfigError, pulumi.RunError) as err:
         raise _fail(described(err)) from None
     typer.echo(yaml.safe_dump(normalise(manifest), sort_keys=False), nl=False)
+
+
+@app.command("healthcheck", cls=Command)
+def healthcheck_command(
+    pool: Annotated[str, typer.Argument(help="The GPU pool to check.")],
+    *,
+    stack: Annotated[
+        str,
+        typer.Option(
+            help="A platform stack, or a team stack: the check runs in its team's namespace and "
+            "queue (default: the first team, by name, that may use the pool)."
+        ),
+    ],
+    image: Annotated[
+        str,
+        typer.Option(
+            help="An image with the training runtime (trainstack_runtime) and torch, pinned "
+            "as the stack's jobs must be."
+        ),
+    ],
+    nodes: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Nodes to check, one replica each (default: 2, or 1 on a one-node pool)."
+        ),
+    ] = None,
+    floor: Annotated[
+        float | None,
+        typer.Option(
+            help="GB/s of bus bandwidth below which the check fails (default: the catalog's "
+            "intra-node floor for a one-node check, none across nodes)."
+        ),
+    ] = None,
+    submit: Annotated[
+        bool, typer.Option("--submit", help="Create the job with `kubectl create -f -`.")
+    ] = False,
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="kubectl's --kubeconfig for --submit.")
+    ] = None,
+    project_dir: Annotated[Path, typer.Option(help=PROJECT_DIR_HELP)] = Path("."),
+) -> None:
+    """Render the Volcano Job that measures NCCL all-reduce bus bandwidth across NODES nodes of
+    POOL (a whole node per replica), and print it with the pool's floor; with --submit, create
+    it. The job's log ends with the JSON result; it fails below the floor (docs/health.md)."""
+    try:
+        previewer = Previewer(Project.find(project_dir.resolve()))
+        name = stack_names(previewer.project, [stack])[0]
+        config, _ = previewer.load(name)
+        team = config.team if isinstance(config, TeamStackConfig) else None
+        platform = config.platform_stack_name if isinstance(config, TeamStackConfig) else name
+        view = PlatformView(previewer.preview(platform).outputs)
+        check = healthcheck(view, pool, image=image, nodes=nodes, team=team, floor=floor)
+    except (StackArgumentError, HealthcheckUsage) as err:
+        raise _usage(err) from None
+    except (ConfigError, pulumi.RunError) as err:
+        raise _fail(described(err)) from None
+    text = yaml.safe_dump(normalise(check.manifest), sort_keys=False)
+    intra = "none" if check.catalog_floor_gbps is None else f"{check.catalog_floor_gbps:g} GB/s"
+    applied = "none" if check.floor_gbps is None else f"{check.floor_gbps:g} GB/s"
+    errors.print(
+        f"pool {check.pool}: {check.nodes} x {check.gpus_per_node} GPUs, team {check.team}; "
+        f"floor {applied} (catalog intra-node floor: {intra})",
+        soft_wrap=True,
+    )
+    if not submit:
+        typer.echo(text, nl=False)
+        return
+    raise typer.Exit(submit_manifest(text, kubeconfig))
+
+
+def submit_manifest(text: str, kubeconfig: Path | None) -> int:
+    """`kubectl create -f -` (create: a second check of the same pool is refused while the
+    first exists, instead of replacing it); kubectl's own exit status."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        errors.print(
+            Text.assemble(
+                ("error: ", "bold red"),
+                "--submit needs kubectl on PATH; without --submit the manifest prints for "
+                "`kubectl create -f -`",
+            ),
+            soft_wrap=True,
+        )
+        return EXIT_USER_ERROR
+    command = [kubectl, "create", "-f", "-"]
+    if kubeconfig is not None:
+        command += ["--kubeconfig", str(kubeconfig)]
+    done = subprocess.run(command, input=text, text=True, check=False)
+    return done.returncode
 
 
 @app.command("policy-config", cls=Command)
