@@ -21,6 +21,12 @@ from trainstack.components.nodes import (
 )
 from trainstack.config.model import GpuPool, PlatformConfig
 
+# Kubernetes' taint effects as the EKS API spells them (API_Taint: NO_SCHEDULE, ...).
+_TAINT_EFFECTS = {
+    "NoSchedule": "NO_SCHEDULE",
+    "NoExecute": "NO_EXECUTE",
+    "PreferNoSchedule": "PREFER_NO_SCHEDULE",
+}
 _CAPACITY_TYPES = {
     "onDemand": "ON_DEMAND",
     "spot": "SPOT",
@@ -170,10 +176,13 @@ class GpuNodePool(pulumi.ComponentResource):
             # What Cluster Autoscaler cannot derive for this pool at zero (EFA, hugepages);
             # it reads the node group's tags through DescribeNodegroup.
             tags=autoscaler.node_group_tags(pool),
+            # The GPU taint and, with the health gate on, its startup taint (b.node_taints
+            # says why they belong here and not in the user data).
             taints=[
                 aws.eks.NodeGroupTaintArgs(
-                    key=b.GPU_TAINT["key"], value=b.GPU_TAINT["value"], effect="NO_SCHEDULE"
+                    key=t["key"], value=t["value"], effect=_TAINT_EFFECTS[t["effect"]]
                 )
+                for t in b.node_taints(cfg, pool)
             ],
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
                 id=template.id, version=template.latest_version.apply(str)

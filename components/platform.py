@@ -9,6 +9,7 @@ import pulumi_aws as aws
 
 from trainstack import outputs as out
 from trainstack.builders import labels
+from trainstack.builders.health import pools_of as health_pools
 from trainstack.builders.monitoring import monitoring_output
 from trainstack.builders.platform import registry_groups, team_outputs
 from trainstack.builders.pools import pool_output
@@ -19,6 +20,7 @@ from trainstack.components.deadlines import DeadlineEnforcer, DeadlineEnforcerAr
 from trainstack.components.eks import EksCluster, EksClusterArgs
 from trainstack.components.existing import ExistingCluster
 from trainstack.components.gpu import GpuNodePool, GpuNodePoolArgs, GpuPlugins, GpuPluginsArgs
+from trainstack.components.health import NodeHealth, NodeHealthArgs, NodeHealthAws
 from trainstack.components.monitoring import Monitoring, MonitoringArgs
 from trainstack.components.network import Network, NetworkArgs
 from trainstack.components.policy import AdmissionPolicies, AdmissionPoliciesArgs
@@ -240,6 +242,19 @@ class Platform(pulumi.ComponentResource):
             GpuPlugins(
                 f"{name}-gpu-plugins",
                 GpuPluginsArgs(cfg, k8s_provider, depends_on=[services.system_namespace]),
+                pulumi.ResourceOptions(parent=self),
+            )
+        if health_pools(cfg):
+            NodeHealth(
+                f"{name}-health",
+                NodeHealthArgs(
+                    cfg,
+                    k8s_provider,
+                    system_namespace=services.system_namespace,
+                    aws=NodeHealthAws(aws_context.provider, self.outputs.cluster_name)
+                    if aws_context is not None
+                    else None,
+                ),
                 pulumi.ResourceOptions(parent=self),
             )
         self.outputs.gpu_pools = [pool_output(cfg, p) for p in cfg.gpu_pools]

@@ -48,7 +48,11 @@ TEAM = (
 )
 WIDE_PREFIX = ("dataRepository: {bucket: acme-ml-datasets, prefix: datasets/}",
                'dataRepository: {bucket: acme-ml-datasets, prefix: ""}')  # fmt: skip
-REPORT_LIMIT = 6 * 1024  # bytes: the pool-and-team report was 25,471 before issue 41
+# bytes: the pool-and-team report was 25,471 before issue 41. Issue 42 added half a KiB that
+# a reviewer should see: with the health gate on (prod), the alert on a pool's healthy nodes
+# restates how many each pool's guarantees need, and the repair controller's eviction grant
+# reaches the new team's namespace.
+REPORT_LIMIT = 6656
 
 
 def previewed_change(
@@ -108,11 +112,14 @@ def test_a_pool_and_a_team_make_a_short_report_that_names_the_teams_quota(
         "| spec.validations[0].expression (text, 2 edits) | "
     ), cel
     assert '"h200-extra": {"trainstack.io/pool": "h200-extra"} (4 places)' in cel
-    # Ten resources that only came to depend on the new queue and node pool: one row.
+    # Thirteen resources that only came to depend on the new queue, node pool and team
+    # bindings (the health gate's DaemonSet and repair Deployment among them): one row.
     [ordering] = [line for line in lines if "dependencies only" in line]
-    assert "10 resources: dependencies only, nothing to update in the cloud" in ordering
+    assert "13 resources: dependencies only, nothing to update in the cloud" in ordering
     assert ordering.endswith(
-        "| dependencies added | (absent) | RoleBinding trainstack-prod-deadlines-binding-speech; "
+        "| dependencies added | (absent) | RoleBinding "
+        "trainstack-prod-health-rolebinding-speech-trainstack-health-repair-evict; "
+        "RoleBinding trainstack-prod-deadlines-binding-speech; "
         "Queue trainstack-prod-volcano-queue-speech, HyperNode "
         "trainstack-prod-volcano-hypernode-pool-h200-extra |"
     ), ordering
@@ -121,10 +128,12 @@ def test_a_pool_and_a_team_make_a_short_report_that_names_the_teams_quota(
     twins = [line for line in lines if "each renamed" in line or "the same, renamed" in line]
     assert [line.split(" | ")[2] for line in twins if line.startswith("| create")] == [
         "6 of pool h200-extra (as h200-burst's), each renamed",
-        "15 of team speech (as nlp's), each renamed",
+        # 16: the repair controller's eviction grant in the team namespace is among them.
+        "16 of team speech (as nlp's), each renamed",
     ]
     assert (
-        "| added | IAM inline policy, IAM role, 2 NetworkPolicy, 2 RBAC RoleBinding, RBAC "
+        # 3 RoleBindings: the team's two and the health repair controller's eviction grant.
+        "| added | IAM inline policy, IAM role, 2 NetworkPolicy, 3 RBAC RoleBinding, RBAC "
         "role | team speech (as nlp's) | each the same, renamed |  |  |  |" in lines
     )
     for named in ("NodeGroup | trainstack-prod-pool-h200-extra-nodes",

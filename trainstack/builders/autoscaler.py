@@ -33,6 +33,7 @@ from trainstack.builders.pools import (
     node_labels,
 )
 from trainstack.config.model import GpuPool, PlatformConfig
+from trainstack.contracts import health as health_contract
 
 CHART = {
     "chart": "cluster-autoscaler",
@@ -142,5 +143,22 @@ def values(cfg: PlatformConfig, region: str) -> dict[str, Any]:
             "skip-nodes-with-system-pods": True,
             # GPU instances take a while to boot and start the device plugin.
             "max-node-provision-time": "20m0s",
+            **startup_taints(cfg),
         },
     }
+
+
+def startup_taints(cfg: PlatformConfig) -> dict[str, str]:
+    """The health gate's taint as a startup taint (issue 42). The pools' node groups carry
+    it (pools.node_taints), so CA's scale-from-zero template would have it and no pending
+    pod would fit the pool; and a registered node holding it would look ready but unusable,
+    so CA would scale up again. A startup taint is removed from templates and makes CA count
+    the node as not yet started (kubernetes/autoscaler at cluster-autoscaler-1.33.0:
+    cloudprovider/aws/aws_manager.go appends the node group's taints to the template,
+    simulator/node_info_utils.go sanitizes it with utils/taints/taints.go SanitizeTaints, and
+    FilterOutNodesWithStartupTaints marks such nodes unready; the flag `--startup-taint`,
+    config/flags/flags.go). The chart renders each extraArgs entry as `--key=value`
+    (cluster-autoscaler-chart-9.51.0 templates/deployment.yaml)."""
+    if not cfg.health.enabled:
+        return {}
+    return {"startup-taint": health_contract.TAINT_KEY}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from trainstack.builders import labels, netpol, scanner
+from trainstack.builders import containers, labels, netpol, scanner
 from trainstack.builders.platform import PLATFORM_CONFIGMAP
 from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig
 from trainstack.contracts import deadlines as contract
@@ -151,33 +151,15 @@ def deployment(cfg: PlatformConfig) -> dict[str, Any]:
     """One replica, replaced with `Recreate`, so two enforcers never run at once (their
     Commands could not be duplicated anyway: a Command's name is its job's UID)."""
     d = cfg.scheduling.deadlines
-    # /healthz fails when no pass ended for 3 intervals + 60 s (trainstack_deadlines.cli).
-    probe_period = 30
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": d.image,
         "args": args(cfg),
         "ports": [{"name": "metrics", "containerPort": contract.METRICS_PORT}],
-        "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": "metrics"},
-            "periodSeconds": probe_period,
-            "failureThreshold": 3,
-        },
-        # The same endpoint: the Deployment is available (what `pulumi up` awaits, and what
-        # kube-state-metrics reports) once the server answers, and not while passes stall.
-        "readinessProbe": {
-            "httpGet": {"path": "/healthz", "port": "metrics"},
-            "periodSeconds": 10,
-        },
-        "resources": {
-            "requests": {"cpu": "50m", "memory": "64Mi"},
-            "limits": {"cpu": "500m", "memory": "256Mi"},
-        },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        # /healthz fails when no pass ended for 3 intervals + 60 s (trainstack_deadlines.cli).
+        **containers.healthz_probes("metrics", period=30, failures=3),
+        "resources": containers.controller_resources(),
+        "securityContext": containers.hardened(),
         "volumeMounts": [{"name": "registry", "mountPath": REGISTRY_DIR, "readOnly": True}],
     }
     pod: dict[str, Any] = {

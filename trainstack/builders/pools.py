@@ -15,9 +15,37 @@ from trainstack.builders.fabric import (
 )
 from trainstack.catalog import InstanceType, lookup
 from trainstack.config.model import SYSTEM_NAMESPACE, GpuPool, NvmeCache, PlatformConfig
+from trainstack.contracts import health as health_contract
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+# The health gate's startup taint (issue 42, docs/health.md): a new GPU node takes no work
+# until the health agent's checks pass and it removes the taint.
+HEALTH_TAINT = {
+    "key": health_contract.TAINT_KEY,
+    "value": health_contract.TAINT_PENDING,
+    "effect": health_contract.TAINT_EFFECT,
+}
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+# The gate's taint, whatever its value (pending, checking, failed): tolerated by the agent and
+# by the node daemons that label a node or advertise its GPUs, never by a team's pods (policy
+# rule health-gate).
+HEALTH_TOLERATION = {
+    "key": health_contract.TAINT_KEY,
+    "operator": "Exists",
+    "effect": health_contract.TAINT_EFFECT,
+}
+
+
+def gpu_daemon_tolerations(cfg: PlatformConfig) -> list[dict[str, str]]:
+    """The device plugin's, GPU Feature Discovery's and NFD's tolerations: the GPU taint, and
+    with the gate on its taint too. DaemonSets get no custom tolerations of their own (k8s
+    v1.37.2 pkg/controller/daemon/util/daemonset_util.go AddOrUpdateDaemonPodTolerations adds
+    only the node-condition ones), and on an existing cluster a pool may select a label GFD
+    or NFD sets: without this a gated node would never get those labels, so never its agent,
+    so never pass."""
+    return [dict(GPU_TOLERATION), *([dict(HEALTH_TOLERATION)] if cfg.health.enabled else [])]
+
+
 # The NVIDIA device plugin chart's default affinity honours this label. Set by the AWS pools'
 # node groups (node_labels) or by the GPU operator; GPU Feature Discovery never sets it.
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
@@ -151,6 +179,33 @@ def node_labels(cfg: PlatformConfig, pool: GpuPool) -> dict[str, str]:
     if has_dataset_cache(cfg, pool):
         result[CACHE_NODE_LABEL] = "true"
     return result
+
+
+def node_taints(cfg: PlatformConfig, pool: GpuPool) -> list[dict[str, str]]:
+    """The taints an AWS pool's nodes register with: the GPU taint, and with the health gate
+    on, its startup taint.
+
+    Both go in the managed node group's `taints`, not in the launch template's NodeConfig:
+    EKS appends its own NodeConfig to the user data, after ours, with the node group's taints
+    as one `--register-with-taints` kubelet flag (eksctl docs, "Node bootstrapping": "the
+    default NodeConfig is being added by EKS MNG under the hood, appended"), nodeadm appends
+    kubelet flags in document order (awslabs/amazon-eks-ami nodeadm/internal/api/merge.go
+    transformKubeletFlags), and the kubelet keeps only the last value of that flag
+    (k8s.io/kubernetes v1.37.2 pkg/util/taints/taints.go taintsVar.Set replaces the list):
+    a flag of ours would be overwritten by the node group's. The kubelet applies the flag
+    only when it first registers the Node (pkg/kubelet/kubelet_node_status.go initialNode),
+    so once the agent removes the taint nothing on the node puts it back. EKS documents
+    node-group taints as set at creation and changed through UpdateNodegroupConfig ("Node
+    taints on managed node groups"), which trainstack calls only when this list changes
+    (turning the gate on taints the pools' nodes; the agent then checks them). Cluster
+    Autoscaler reads these taints into its scale-from-zero template
+    (DescribeNodegroup), so it must treat the health taint as a startup taint
+    (builders/autoscaler.py values)."""
+    assert pool.aws is not None
+    taints = [dict(GPU_TAINT)]
+    if cfg.health.enabled:
+        taints.append(dict(HEALTH_TAINT))
+    return taints
 
 
 def pool_selector(cfg: PlatformConfig, pool: GpuPool) -> dict[str, str]:
@@ -351,7 +406,14 @@ def nvidia_device_plugin_values(cfg: PlatformConfig) -> dict[str, Any]:
         extra["nfd"] = (
             {"enabled": False}
             if network_operator_enabled(cfg)
-            else {"worker": {"tolerations": list(NFD_WORKER_TOLERATIONS)}}
+            else {
+                "worker": {
+                    "tolerations": [
+                        *NFD_WORKER_TOLERATIONS,
+                        *gpu_daemon_tolerations(cfg)[1:],
+                    ]
+                }
+            }
         )
     if cfg.gpu_device_list_strategy == "volume-mounts":
         # Each allocated GPU as a mount under /var/run/nvidia-container-devices/<UUID>, which
@@ -365,7 +427,7 @@ def nvidia_device_plugin_values(cfg: PlatformConfig) -> dict[str, Any]:
                 "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
             }
         },
-        "tolerations": [GPU_TOLERATION],
+        "tolerations": gpu_daemon_tolerations(cfg),
         "priorityClassName": "system-node-critical",
         **extra,
     }
