@@ -59,22 +59,31 @@ def evaluate(
     namespace: dict[str, Any],
     *,
     old: dict[str, Any] | None = None,
+    user: dict[str, Any] | None = None,
 ) -> bool:
     """True when every validation of `policy` admits `obj` in `namespace`: created, or
-    replacing `old` (an UPDATE). A policy whose matchConditions do not all hold admits."""
+    replacing `old` (an UPDATE), by `user` (the request's userInfo: username, extra) if given.
+    A policy whose matchConditions do not all hold admits."""
     activation: dict[str, Any] = {
         "object": celpy.json_to_cel(obj),
         "oldObject": celpy.json_to_cel(old),
         "namespaceObject": celpy.json_to_cel(namespace),
-        "request": celpy.json_to_cel({"operation": "CREATE" if old is None else "UPDATE"}),
+        "request": celpy.json_to_cel(
+            {
+                "operation": "CREATE" if old is None else "UPDATE",
+                **({"userInfo": user} if user is not None else {}),
+            }
+        ),
     }
     for condition in policy["spec"].get("matchConditions", []):
         if not bool(_program(condition["expression"]).evaluate(activation)):
             return True
     variables: dict[str, Any] = {}
     for variable in policy["spec"].get("variables", []):
+        # In order: a variable may use the ones before it, as in the API server.
+        earlier = celtypes.MapType({celtypes.StringType(k): v for k, v in variables.items()})
         variables[variable["name"]] = _program(variable["expression"]).evaluate(
-            {**activation, "variables": celpy.json_to_cel({})}
+            {**activation, "variables": earlier}
         )
     activation["variables"] = celtypes.MapType(
         {celtypes.StringType(k): v for k, v in variables.items()}

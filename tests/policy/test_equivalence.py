@@ -130,6 +130,10 @@ def node_selector(selector: dict[str, str]) -> Mutation:
     return mutate
 
 
+def add_toleration(toleration: dict[str, Any]) -> Mutation:
+    return lambda j: pod(j).setdefault("tolerations", []).append(toleration)
+
+
 def tolerate_all(j: dict[str, Any]) -> None:
     pod(j)["tolerations"] = [{"operator": "Exists"}]
 
@@ -359,6 +363,27 @@ CASES: list[tuple[str, str, Mutation | None, bool]] = [
     ("gpu-placement", "a CPU job tolerating the GPU taint", cpu_only, False),
     ("gpu-placement", "a CPU job tolerating every taint", cpu_only_tolerating_all, False),
     ("gpu-placement", "a CPU-only task of a GPU job", cpu_task_in_gpu_job, True),
+    # Issue 42: the node health gate holds against a job that tolerates its taint.
+    ("health-gate", "valid", None, True),
+    ("health-gate", "tolerates every taint", tolerate_all, False),
+    (
+        "health-gate",
+        "tolerates the gate by its key",
+        add_toleration({"key": "trainstack.io/health", "operator": "Exists"}),
+        False,
+    ),
+    (
+        "health-gate",
+        "tolerates a failed node",
+        add_toleration({"key": "trainstack.io/health", "value": "failed", "effect": "NoSchedule"}),
+        False,
+    ),
+    (
+        "health-gate",
+        "a keyless Exists for NoExecute only (does not match the NoSchedule gate)",
+        add_toleration({"operator": "Exists", "effect": "NoExecute"}),
+        True,
+    ),
     ("own-queue", "valid", None, True),
     ("own-queue", "another team's queue", lambda j: j["spec"].__setitem__("queue", "nlp"), False),
     # Issue 37: what a member's pod may mount. An inline volume of a storage driver would

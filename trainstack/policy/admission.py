@@ -17,6 +17,7 @@ from trainstack.policy.isolation import (
     CACHE_DRIVER,
     DATASETS_CLAIM,
     GPU_TAINT_KEY,
+    HEALTH_TAINT_KEY,
     PLUGINS,
     POOL_LABEL,
     PYTORCH_ARG,
@@ -208,6 +209,12 @@ def expressions(cfg: Config) -> dict[str, str]:
         ),
         "pinned-images": _each_container(pinned),
         "gpu-placement": _gpu_placement(cfg),
+        "health-gate": (
+            "variables.pods.all(p, !has(p.tolerations) || !p.tolerations.exists(t, "
+            "(!has(t.effect) || t.effect in ['', 'NoSchedule']) && "
+            f"((has(t.key) && t.key == {_str(HEALTH_TAINT_KEY)}) || ((!has(t.key) || t.key == '') "
+            "&& has(t.operator) && t.operator == 'Exists'))))"
+        ),
         "hardened-pods": _hardened(),
         "limits-set": _each_container(
             "has(c.resources) && has(c.resources.limits) && 'cpu' in c.resources.limits && "

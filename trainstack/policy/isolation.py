@@ -14,9 +14,11 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from trainstack.contracts import health
 from trainstack.policy.objects import Config, as_map, as_seq, containers, pods
 
 GPU_TAINT_KEY = "nvidia.com/gpu"
+HEALTH_TAINT_KEY = health.TAINT_KEY
 POOL_LABEL = "trainstack.io/pool"  # builders/labels.POOL (config never imports builders)
 
 
@@ -102,6 +104,33 @@ def gpu_placement(job: Mapping[str, Any], cfg: Config) -> list[str]:
                 f"its labels (nodeSelector or every required node affinity term; pools: {pools})"
             )
     return found
+
+
+def _tolerates_no_schedule(t: Mapping[str, Any], key: str) -> bool:
+    """The toleration matches a NoSchedule taint with `key` (any value): its effect is empty
+    (all effects) or NoSchedule, and it names the key or, keyless with operator Exists,
+    matches every key (core/v1 Toleration; k8s.io/api v0.37 core/v1 toleration.go
+    `ToleratesTaint`)."""
+    if t.get("effect") not in (None, "", "NoSchedule"):
+        return False
+    return t.get("key") == key or (t.get("key") in (None, "") and t.get("operator") == "Exists")
+
+
+def health_gate(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    """No pod of a team's job tolerates the node health gate's taint (docs/health.md): a node
+    that has not passed its checks, or failed them, takes no training work, whoever asks. A
+    keyless `operator: Exists` toleration matches every taint, the gate's too, so it is
+    refused as well; a job tolerates the GPU taint by its key."""
+    del cfg
+    return [
+        f"task {task}: tolerates the {HEALTH_TAINT_KEY} taint (a keyless Exists toleration "
+        "matches every taint): nodes that have not passed their health checks take no jobs"
+        for task, pod in pods(job)
+        if any(
+            _tolerates_no_schedule(as_map(t), HEALTH_TAINT_KEY)
+            for t in as_seq(pod.get("tolerations"))
+        )
+    ]
 
 
 def own_queue(job: Mapping[str, Any], cfg: Config) -> list[str]:

@@ -20,6 +20,7 @@ from trainstack.config.images import (
 from trainstack.policy.aws_rules import AWS_RULES
 from trainstack.policy.isolation import (
     gpu_placement,
+    health_gate,
     job_plugins,
     job_volumes,
     own_queue,
@@ -298,6 +299,11 @@ K8S_RULES: tuple[Rule, ...] = (
          "tolerate the taint",
          "set spec.pool in the job spec; keep the GPU toleration off jobs without GPUs",
          (VOLCANO_JOB,), gpu_placement),
+    Rule("health-gate",
+         "no pod tolerates the node health gate's taint (trainstack.io/health), nor every "
+         "taint",
+         "remove the toleration: tolerate nvidia.com/gpu by its key (the job layer does)",
+         (VOLCANO_JOB,), health_gate),
     Rule("own-queue", "a job uses its own team's queue",
          "submit to the queue named like your team namespace", (VOLCANO_JOB,), own_queue),
     Rule("volcano-scheduled", "a job's pods are scheduled by Volcano in its queue",
