@@ -131,3 +131,33 @@ def test_a_team_losing_its_access_group_is_named() -> None:
     assert [(c.field, c.before, c.after) for c in change.changes] == [
         ("kubernetesGroups[0]", "team:vision", "team:nlp")
     ]
+
+
+ADMISSION = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"
+AGENT_BINDING = {
+    "metadata": {"name": "trainstack-health-agent-own-node"},
+    "spec": {"policyName": "trainstack-health-agent-own-node", "validationActions": ["Deny"]},
+}
+
+
+def test_an_admission_guard_removed_or_only_warning_is_flagged() -> None:
+    """Issue 42: the health agent's least privilege rests on its admission policy; a change
+    that drops the binding, or turns it into a warning, must stand out in review."""
+    base = plan(EXISTING, (ADMISSION, "agent", AGENT_BINDING))
+    [removed] = access_section(base, plan(EXISTING))
+    assert (removed.change, removed.kind, removed.subject) == (
+        "removed",
+        "admission policy",
+        "trainstack-health-agent-own-node",
+    )
+    assert removed.flags == ["admission guard removed"]
+    warn = copy.deepcopy(AGENT_BINDING)
+    warn["spec"]["validationActions"] = ["Warn", "Audit"]
+    [changed] = access_section(base, plan(EXISTING, (ADMISSION, "agent", warn)))
+    assert changed.change == "changed"
+    assert changed.flags == ["admission not enforced"]
+    assert changed.grant == "Warn, Audit on every object it matches"
+    # Relabelled only: nothing to review.
+    relabelled = copy.deepcopy(AGENT_BINDING)
+    relabelled["metadata"]["labels"] = {"a": "b"}
+    assert access_section(base, plan(EXISTING, (ADMISSION, "agent", relabelled))) == []

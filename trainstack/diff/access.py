@@ -357,6 +357,24 @@ def _network_policy(inputs: dict[str, Any]) -> Grant:
     return Grant("NetworkPolicy", subject, grant, flags)
 
 
+ADMISSION_KIND = "admission policy"
+GUARD_REMOVED = "admission guard removed"
+
+
+def _admission_binding(inputs: dict[str, Any]) -> Grant:
+    """A ValidatingAdmissionPolicyBinding: what holds an identity to its rules where RBAC
+    cannot (the health agent's own-node policy, the teams' queue and job rules). Without
+    `Deny` in its actions the policy only warns or audits (k8s.io/api v0.37
+    admissionregistration/v1 ValidationAction): flagged, as is a removed binding."""
+    spec = inputs.get("spec") or {}
+    actions = [str(a) for a in spec.get("validationActions") or []]
+    scope = get(spec, "matchResources", "namespaceSelector")
+    where = f"namespaces {_labels(scope)}" if scope else "every object it matches"
+    grant = f"{', '.join(actions) or 'no action'} on {where}"
+    flags = () if "Deny" in actions else ("admission not enforced",)
+    return Grant(ADMISSION_KIND, _text(spec.get("policyName")), grant, flags, compared=spec)
+
+
 def _bucket_policy(inputs: dict[str, Any]) -> Grant:
     summary, flags = _policy_summary(inputs.get("policy"))
     return Grant("bucket policy", f"bucket {_text(inputs.get('bucket'))}", summary, flags)
@@ -516,6 +534,9 @@ READERS: dict[str, Reader] = {
     "kubernetes:rbac.authorization.k8s.io/v1:Role": lambda i, _n: _rbac_role(i),
     "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole": lambda i, _n: _rbac_role(i),
     "kubernetes:networking.k8s.io/v1:NetworkPolicy": lambda i, _n: _network_policy(i),
+    "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding": (
+        lambda i, _n: _admission_binding(i)
+    ),
 }
 PRINCIPAL_KINDS = ("EKS access entry", "EKS access policy")
 
@@ -569,10 +590,9 @@ def access_section(
             continue
         if ref not in new:
             grant = old[ref][0]
+            flags = list(grant.flags) + ([GUARD_REMOVED] if grant.kind == ADMISSION_KIND else [])
             changes.append(
-                AccessChange(
-                    "removed", grant.kind, grant.subject, grant.grant, resource, list(grant.flags)
-                )
+                AccessChange("removed", grant.kind, grant.subject, grant.grant, resource, flags)
             )
             continue
         (before, old_inputs), (after, new_inputs) = old[ref], new[ref]
