@@ -8,11 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.mocks import ResourceRecord
 from trainstack.preview.plan import Plan
 from trainstack.preview.synth import SynthResult, run_mocked
+
+# Tests never assert wall-clock times (docs/testing.md), and Hypothesis's default deadline
+# (200 ms per example) is one: it failed a property test on a loaded 2-core CI machine
+# (tests/runtime/test_replicated_share.py, 338 ms). Tests that set their own settings keep them.
+settings.register_profile("trainstack", deadline=None)
+settings.load_profile("trainstack")
 
 ROOT = Path(__file__).resolve().parent.parent
 STACKS = ROOT / "stacks"
