@@ -128,6 +128,18 @@ ENV_TERMINATION_LOG: Final = "TRAINSTACK_TERMINATION_LOG"
 ENV_COMM_TIMEOUT_S: Final = "TRAINSTACK_COMM_TIMEOUT_S"
 ENV_NPROC_PER_NODE: Final = "TRAINSTACK_NPROC_PER_NODE"
 ENV_MAX_RESTARTS: Final = "TRAINSTACK_MAX_RESTARTS"
+# Elastic jobs (PET_NNODES=MIN:MAX, PET_RDZV_BACKEND=c10d; docs/runtime.md "Elastic jobs"):
+# "1" on the one pod that hosts the c10d rendezvous store (the pod PET_RDZV_ENDPOINT names, the
+# master task's pod 0), "0" on every other. Unset, torch guesses from the endpoint's host name.
+ENV_RDZV_STORE_HOST: Final = "TRAINSTACK_RDZV_STORE_HOST"
+# The c10d rendezvous' timeouts, whole seconds (torch's join_timeout and last_call_timeout,
+# defaults 600 and 30): how long a node waits for MIN nodes, and how long a round waits for
+# more nodes once MIN are there.
+ENV_RDZV_JOIN_TIMEOUT_S: Final = "TRAINSTACK_RDZV_JOIN_TIMEOUT_S"
+ENV_RDZV_LAST_CALL_TIMEOUT_S: Final = "TRAINSTACK_RDZV_LAST_CALL_TIMEOUT_S"
+# The global batch (samples per optimizer step, all workers) to keep when the world size
+# changes: gradient accumulation makes up the difference. Unset: the per-worker batch is kept.
+ENV_GLOBAL_BATCH: Final = "TRAINSTACK_GLOBAL_BATCH"
 ENV_SHUTDOWN_TIMEOUT_S: Final = "TRAINSTACK_SHUTDOWN_TIMEOUT_S"
 ENV_VOLCANO_MASTER_TASK: Final = "TRAINSTACK_VOLCANO_MASTER_TASK"
 ENV_VOLCANO_WORKER_TASK: Final = "TRAINSTACK_VOLCANO_WORKER_TASK"

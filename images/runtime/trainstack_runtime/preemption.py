@@ -49,6 +49,13 @@ class PreemptionWatcher:
         self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True)
         return False
 
+    def until_signalled(self, timeout_s: float, poll_s: float = 0.05) -> bool:
+        """Wait up to ``timeout_s`` for this process's own signal; True once it came."""
+        deadline = time.monotonic() + timeout_s
+        while not self.requested and time.monotonic() < deadline:
+            time.sleep(poll_s)
+        return self.requested
+
     def drain(self) -> None:
         """Complete the outstanding all-reduce so the process group can shut down cleanly."""
         if self._work is not None:

@@ -47,6 +47,7 @@ import torch.distributed as dist
 
 from .checkpoint import CheckpointConfig, CheckpointManager, TrainState
 from .contract import ENV_RUN_DIR, EXIT_CLASS, RUN_DIR_DEFAULT, ExitCode
+from .elastic import BatchPlan, batch_plan
 from .exitcodes import Preempted, classify_exception, classify_exit
 from .faults import Injector
 from .health import ProgressReporter
@@ -54,6 +55,9 @@ from .preemption import PreemptionWatcher
 from .topology import ProcessTopology, init_process_group, process_topology
 
 log = logging.getLogger("trainstack.session")
+# How long a rank whose stop another node asked for waits for its own agent's SIGTERM (the
+# agent checks every 0.2 s: supervisor.launch_config's monitor_interval).
+PEER_STOP_GRACE_S = 5.0
 
 
 class CommTimer:
@@ -169,6 +173,13 @@ class Session:
         self._last_end = time.perf_counter()
         return step
 
+    def batch_plan(self, micro_batch: int) -> BatchPlan:
+        """Micro-batches to accumulate per optimizer step at this world size: the number
+        that keeps ``TRAINSTACK_GLOBAL_BATCH`` when it is set, else 1 (the per-worker batch
+        is kept). Raises ``ConfigError`` (exit 2) when the global batch cannot be split
+        (elastic.batch_plan; docs/runtime.md, "Elastic jobs")."""
+        return batch_plan(micro_batch, self.topology.world_size)
+
     # ---- long phases ----
     @contextmanager
     def phase(self, name: str, *, heartbeat_s: float = 30.0) -> Iterator[None]:
@@ -262,6 +273,14 @@ class Session:
             self.checkpoints.save(step, state, blocking=True)
             self.progress.checkpoint_stall(self.checkpoints.last_stall_s)
             self.progress.set_state("exiting")
+            if self.topology.num_nodes > 1 and not self.preemption.requested:
+                # Another node's rank was signalled. When its agent is restarting the worker
+                # group for a new round (a node joined: num_nodes_waiting), this node's agent
+                # does the same within its monitor interval; a worker that exits first is
+                # read as failed by that agent's previous check (agent/server/api.py
+                # _invoke_run: _monitor_workers before num_nodes_waiting), which spends a
+                # restart, or ends the pod when none is left. So wait briefly for our own.
+                self.preemption.until_signalled(PEER_STOP_GRACE_S)
             raise Preempted(step)
 
     def finish(self, step: int, state: TrainState, *, save: bool = True) -> None:

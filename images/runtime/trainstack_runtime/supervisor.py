@@ -29,7 +29,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from . import evidence
+from . import elastic, evidence
 from .contract import (
     CHECKPOINT_DIR_DEFAULT,
     ENV_CHECKPOINT_DIR,
@@ -39,6 +39,7 @@ from .contract import (
     ENV_MAX_DURATION_S,
     ENV_MAX_FAILURES,
     ENV_MAX_RESTARTS,
+    ENV_RDZV_STORE_HOST,
     ENV_RUN_DIR,
     ENV_SHUTDOWN_TIMEOUT_S,
     ENV_TERMINATION_LOG,
@@ -182,8 +183,15 @@ def launch_config(plan: NodePlan, *, max_restarts: int, shutdown_timeout: int) -
     rdzv_configs: dict[str, Any] = {}
     if plan.rdzv_backend == "static":
         rdzv_configs["rank"] = plan.node_rank
-    elif plan.store_host is not None:
-        rdzv_configs["is_host"] = plan.store_host
+    else:
+        # torch's own keys (c10d_rendezvous_backend.py _create_tcp_store; dynamic_rendezvous.py
+        # create_handler, which reads "<name>_timeout" as whole seconds).
+        if plan.store_host is not None:
+            rdzv_configs["is_host"] = plan.store_host
+        if plan.join_timeout_s is not None:
+            rdzv_configs["join_timeout"] = plan.join_timeout_s
+        if plan.last_call_timeout_s is not None:
+            rdzv_configs["last_call_timeout"] = plan.last_call_timeout_s
     return LaunchConfig(
         min_nodes=lo,
         max_nodes=hi,
@@ -263,8 +271,13 @@ def worker_environment(plan: NodePlan, max_restarts: int) -> None:
     if not os.environ.get("OMP_NUM_THREADS"):
         threads = omp_threads(plan.nproc_per_node, cpu_limit(), len(os.sched_getaffinity(0)))
         os.environ["OMP_NUM_THREADS"] = str(threads)
-    if max_restarts > 0:
-        # In-pod restarts with the agent's shared TCPStore hang or fail to reconnect.
+    if max_restarts > 0 or plan.elastic:
+        # In-pod restarts with the agent's shared TCPStore hang or fail to reconnect. An
+        # elastic job restarts its workers at every change of membership even without a
+        # restart budget (agent/server/api.py _invoke_run: "membership changes do not count
+        # as retries"), and a shared store outlives the round: dynamic_rendezvous.py
+        # next_rendezvous keeps the first round's bootstrap store info on every node but a new
+        # rank 0, so the nodes may not even agree on where the workers' store is.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
 
 
@@ -339,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             args.max_restarts if args.max_restarts is not None else _env_int(ENV_MAX_RESTARTS, 0)
         )
         plan = restartable(plan, max_restarts)
+        elastic.check_world_sizes(plan.world_sizes())
         shutdown = (
             args.shutdown_timeout
             if args.shutdown_timeout is not None
@@ -364,6 +378,13 @@ def main(argv: list[str] | None = None) -> int:
         # node, which a new pod may not share; retried, not an abort as a traceback (1) was.
         return refuse(Outcome(ExitCode.STORAGE, cause=f"before launch: {err}"))
 
+    if plan.rdzv_backend == "c10d" and plan.source != "single" and plan.store_host is None:
+        log.warning(
+            "%s is not set: torch guesses whether this pod hosts the rendezvous store from "
+            "the host name in %s, which fails for a name DNS does not resolve yet",
+            ENV_RDZV_STORE_HOST,
+            plan.rdzv_endpoint,
+        )
     config = launch_config(plan, max_restarts=max_restarts, shutdown_timeout=shutdown)
     log.info(
         "launching %s: nodes=%s node_rank=%s nproc=%d rdzv=%s@%s",

@@ -27,6 +27,9 @@ from .contract import (
     COMM_TIMEOUT_S_DEFAULT,
     ENV_COMM_TIMEOUT_S,
     ENV_NPROC_PER_NODE,
+    ENV_RDZV_JOIN_TIMEOUT_S,
+    ENV_RDZV_LAST_CALL_TIMEOUT_S,
+    ENV_RDZV_STORE_HOST,
     ENV_VOLCANO_MASTER_TASK,
     ENV_VOLCANO_WORKER_TASK,
 )
@@ -74,6 +77,20 @@ class NodePlan:
     # c10d only: whether this pod hosts the rendezvous store; None lets torch guess from the
     # endpoint's host name (c10d_rendezvous_backend.py, _create_tcp_store).
     store_host: bool | None = None
+    # c10d only: the rendezvous' join_timeout and last_call_timeout in seconds; None: torch's
+    # defaults, 600 and 30 (dynamic_rendezvous.py, RendezvousTimeout._DEFAULT_TIMEOUTS).
+    join_timeout_s: int | None = None
+    last_call_timeout_s: int | None = None
+
+    @property
+    def elastic(self) -> bool:
+        """The node count is a range (``PET_NNODES=MIN:MAX``)."""
+        return isinstance(self.num_nodes, tuple)
+
+    def world_sizes(self) -> list[int]:
+        """Every world size this plan may run at: nodes x processes per node."""
+        lo, hi = self.num_nodes if isinstance(self.num_nodes, tuple) else (self.num_nodes,) * 2
+        return [n * self.nproc_per_node for n in range(lo, hi + 1)]
 
 
 def _int(env: Mapping[str, str], name: str, *, minimum: int = 0) -> int:
@@ -228,14 +245,57 @@ def _task_env(task: str) -> str:
     return task.upper().replace("-", "_")
 
 
+def _store_host(env: Mapping[str, str]) -> bool | None:
+    """``TRAINSTACK_RDZV_STORE_HOST``: whether this pod hosts the c10d store.
+
+    torch decides it from the endpoint's host name when not told
+    (c10d_rendezvous_backend.py ``_create_tcp_store`` -> utils.py
+    ``_matches_machine_hostname``): true only for ``localhost``, a loopback address, this
+    machine's own host name, its canonical name, or an address the endpoint resolves to. A
+    Volcano endpoint ``job-master-0.job`` is none of the first three on the master pod (its
+    host name is ``job-master-0``, its canonical name the full
+    ``job-master-0.job.<namespace>.svc.cluster.local`` of the kubelet's /etc/hosts), so the
+    answer rests on the headless Service's DNS record, which may not resolve yet when the pod
+    starts: then no pod hosts the store and every node times out joining. The platform says
+    which pod hosts it instead."""
+    raw = env.get(ENV_RDZV_STORE_HOST)
+    if not raw:
+        return None
+    if raw not in ("0", "1"):
+        raise TopologyError(f"{ENV_RDZV_STORE_HOST}={raw!r} must be 1 (this pod) or 0")
+    return raw == "1"
+
+
+def _seconds(env: Mapping[str, str], name: str) -> int | None:
+    if not env.get(name):
+        return None
+    # torch reads these as whole seconds (RendezvousParameters.get_as_int) and refuses 0.
+    return _int(env, name, minimum=1)
+
+
 def node_plan(
     env: Mapping[str, str] | None = None,
     *,
     gpus: int = 0,
     hostname: str | None = None,
 ) -> NodePlan:
-    """Launcher plan for this pod. ``gpus`` is the visible accelerator count."""
+    """Launcher plan for this pod. ``gpus`` is the visible accelerator count.
+
+    ``TRAINSTACK_RDZV_STORE_HOST`` and the rendezvous timeouts apply to every plan but a
+    single node's (whose endpoint is ``localhost``)."""
     env = os.environ if env is None else env
+    plan = _plan(env, gpus, hostname)
+    if plan.source == "single":
+        return plan
+    return replace(
+        plan,
+        store_host=_store_host(env),
+        join_timeout_s=_seconds(env, ENV_RDZV_JOIN_TIMEOUT_S),
+        last_call_timeout_s=_seconds(env, ENV_RDZV_LAST_CALL_TIMEOUT_S),
+    )
+
+
+def _plan(env: Mapping[str, str], gpus: int, hostname: str | None) -> NodePlan:
     nproc = _nproc(env, gpus)
     run_id = env.get("PET_RDZV_ID") or env.get("TORCHELASTIC_RUN_ID") or "trainstack"
     if env.get("PET_NNODES"):
@@ -322,9 +382,10 @@ def restartable(
     other pods' workers when one pod's fail (``num_nodes_waiting``), which static does not.
 
     So a static plan the environment only implied (pod-level variables, Volcano) becomes c10d
-    on the same endpoint, hosted by node rank 0 (the pod the endpoint names), with a fixed
-    node count; node ranks then follow the rendezvous (sorted host names), not ``RANK``. An
-    explicit ``PET_RDZV_BACKEND=static`` with restarts is refused.
+    on the same endpoint, hosted by node rank 0 (the pod the endpoint names) unless
+    ``TRAINSTACK_RDZV_STORE_HOST`` says which, with a fixed node count; node ranks then
+    follow the rendezvous (sorted host names), not ``RANK``. An explicit
+    ``PET_RDZV_BACKEND=static`` with restarts is refused.
     """
     env = os.environ if env is None else env
     if max_restarts <= 0 or plan.rdzv_backend != "static":
@@ -335,7 +396,8 @@ def restartable(
             f"{max_restarts}): its store keeps the dead workers' addresses; use "
             "PET_RDZV_BACKEND=c10d, or TRAINSTACK_MAX_RESTARTS=0 and let the job restart"
         )
-    return replace(plan, rdzv_backend="c10d", store_host=plan.node_rank == 0)
+    host = plan.store_host if plan.store_host is not None else plan.node_rank == 0
+    return replace(plan, rdzv_backend="c10d", store_host=host)
 
 
 def _free_port() -> int:
