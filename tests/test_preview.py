@@ -171,12 +171,14 @@ def test_team_preview_prints_its_jobs_against_its_limits(tmp_path: Path) -> None
     assert _row("demo-train", 2, "h100-reserved", "normal", "24h").search(out)
     assert _row("embeddings-ps", 8, "h200-burst", "normal", "48h").search(out)
     assert _row("fsdp-multinode", 32, "h100-block", "normal", "72h").search(out)
-    assert _row("all jobs", 42, "", "", "72h").search(out)
+    # An elastic job counts from its minimum to its size (issue 43, docs/jobs.md).
+    assert _row("elastic-pretrain", "16..32", "h100-reserved", "normal", "72h").search(out)
+    assert _row("all jobs", "58..74", "", "", "72h").search(out)
     assert _row("team's limit", 64, "", "", "168h").search(out)
     note = (
         "team vision: 16 GPUs guaranteed, 40 deserved, at most 64 at once (its queue's "
-        "capability); all jobs together need 42, 2 above its fair share: teams below theirs "
-        "may reclaim those"
+        "capability); all jobs together need 58..74: at their minimums they fit in 64, and "
+        "elastic jobs grow only as far as the rest leaves"
     )
     assert " ".join(out.split()).count(note) == 1
     assert out.index(" Kubernetes objects, ") < out.index("jobs of team vision")
@@ -248,6 +250,24 @@ def test_jobs_text_says_what_the_sum_means_for_the_team(gpus: list[int], tail: s
     assert lines == [
         "team t: 4 GPUs guaranteed, 8 deserved, at most 12 at once (its queue's capability)" + tail
     ]
+
+
+def test_an_elastic_job_counts_from_its_minimum() -> None:
+    """Its minimum is what its queue must hold for it; the rest grows into what is left."""
+    plan = _team_plan([4, 8], LIMITS)
+    task = plan.resources[0].inputs["spec"]["tasks"][0]
+    task["replicas"], task["minAvailable"] = 3, 1
+    text = jobs_text(plan, width=200)
+    words = " ".join(text.split())
+    assert _row("j0", "4..12", "p", "high", "1.5h").search(text)
+    assert _row("all jobs", "12..20", "", "", "1.5h").search(text)
+    assert (
+        "; all jobs together need 12..20: at their minimums they fit in 12, and elastic "
+        "jobs grow only as far as the rest leaves" in words
+    )
+    task["minAvailable"] = 2  # 16 at their minimums: more than the capability
+    words = " ".join(jobs_text(plan, width=200).split())
+    assert "all jobs together need 16, more than 12: they cannot all run at once" in words
 
 
 def test_jobs_text_of_plans_without_jobs_or_limits() -> None:
@@ -388,7 +408,7 @@ def test_team_plan_feeds_platform_outputs(example_plans: dict[str, Plan]) -> Non
     team = example_plans["vision"]
     assert team.kind == "team"
     assert team.outputs == {
-        "jobs": ["demo-train", "embeddings-ps", "fsdp-multinode"],
+        "jobs": ["demo-train", "elastic-pretrain", "embeddings-ps", "fsdp-multinode"],
         "limits": {"gpus": {"capability": 64, "deserved": 40, "guarantee": 16}, "maxJobHours": 168},
         "namespace": "vision",
         "platformStack": "organization/trainstack/prod",

@@ -28,6 +28,7 @@ from trainstack.preview.plan import Plan, normalise
 DEMO = ROOT / "job_specs" / "vision" / "demo-train.yaml"
 PS = ROOT / "job_specs" / "vision" / "embeddings-ps.yaml"
 FSDP = ROOT / "job_specs" / "vision" / "fsdp-multinode.yaml"
+ELASTIC = ROOT / "job_specs" / "vision" / "elastic-pretrain.yaml"
 
 
 @pytest.fixture
@@ -354,9 +355,11 @@ def test_render_job_cli_equals_what_the_team_stack_registers(
         for r in example_plans["vision"].resources
         if r.type == "kubernetes:batch.volcano.sh/v1alpha1:Job"
     }
-    assert set(registered) == {"demo-train", "embeddings-ps", "fsdp-multinode"}
+    examples = {"demo-train": DEMO, "embeddings-ps": PS, "fsdp-multinode": FSDP,
+                "elastic-pretrain": ELASTIC}  # fmt: skip
+    assert set(registered) == set(examples)
     runner = CliRunner()
-    for name, path in (("demo-train", DEMO), ("embeddings-ps", PS), ("fsdp-multinode", FSDP)):
+    for name, path in examples.items():
         result = runner.invoke(
             app, ["render-job", str(path), "--stack", "vision", "--project-dir", str(ROOT)]
         )

@@ -38,10 +38,15 @@ def _one_server(spec: JobSpec) -> JobSpec:
     return dataclasses.replace(spec, parameter_servers=servers)
 
 
-# Every example, and each job kind the tests use: data parallel with one pod (a master task
+# Every example with a fixed number of workers (elastic ones plan a range: tests/jobs/
+# test_elastic.py), and each job kind the tests use: data parallel with one pod (a master task
 # alone) or several processes per pod, parameter servers with one server.
 VARIANTS: dict[str, Callable[[], JobSpec]] = {
-    **{p.stem: functools.partial(load_job, p) for p in SPECS},
+    **{
+        p.stem: functools.partial(load_job, p)
+        for p in SPECS
+        if not load_job(p).workers.scale.elastic
+    },
     "data-parallel-one-pod": lambda: _replicas(load_job(DEMO), 1),
     "data-parallel-4x2": lambda: _replicas(load_job(DEMO), 4, 2),
     "parameter-server-one-server": lambda: _one_server(load_job(PS)),

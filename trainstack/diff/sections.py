@@ -10,6 +10,7 @@ from trainstack.diff.capacity import Check, Inputs, capacity_checks, plan_inputs
 from trainstack.diff.model import Capacity, DataPath, Entry, Policy
 from trainstack.diff.plans import ABSENT, VOLCANO_JOB, Change, changed_paths, get, limited, readable
 from trainstack.diff.twins import kinds as count_kinds
+from trainstack.jobs.elastic import gpus_label, job_gpus
 from trainstack.outputs import team_slices
 from trainstack.policy.objects import Violation
 
@@ -378,20 +379,10 @@ def _storage_summary(resource: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in keys.items() if v is not None}
 
 
-def _job_gpus(spec: dict[str, Any]) -> int:
-    total = 0
-    for task in spec.get("tasks") or []:
-        replicas = int(task.get("replicas") or 0)
-        for container in get(task, "template", "spec", "containers", default=[]) or []:
-            resources = container.get("resources") or {}
-            amount = get(resources, "limits", "nvidia.com/gpu") or get(
-                resources, "requests", "nvidia.com/gpu"
-            )
-            try:
-                total += replicas * int(amount or 0)
-            except (TypeError, ValueError):
-                continue
-    return total
+def _job_gpus(spec: dict[str, Any]) -> int | str:
+    """The GPUs a Job asks for; an elastic one's as `least..asked` (jobs/elastic.py)."""
+    least, asked = job_gpus(spec)
+    return asked if least == asked else gpus_label(least, asked)
 
 
 def job_view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -49,6 +49,29 @@ def lifecycle_policies() -> list[dict[str, Any]]:
     return policies
 
 
+def elastic_worker_policies() -> list[dict[str, Any]]:
+    """An elastic job's worker task: the job's policies, with a restart of the one pod where
+    the job's would restart the whole job (issue 43; jobs/elastic.py).
+
+    A worker pod lost to reclaim, preemption, a drain or a retryable failure must not take its
+    peers down: their torchrun agents re-form the group without it (the c10d rendezvous, at
+    or above the job's minimum) and Volcano recreates the pod, Pending until capacity frees.
+    Volcano v1.15.1 tries a task's policies before the job's and acts on the first that
+    matches (job_controller_util.go applyPolicies, "Overwrite Job level policies"), so the
+    order is the job's: fatal codes and the deadline first, still ending the job. RestartPod
+    deletes that pod alone and counts one retry (state/running.go and pending.go: KillTarget,
+    `RetryCount++`), so every lost worker spends one of the job's preemptions (maxRetry,
+    volcano_max_retry). Not ResumeJob, which syncs in Running but kills the whole job while
+    the job is Restarting (state/restarting.go Execute, `default: KillJob`), and not SyncJob,
+    which the webhook refuses as a policy action (webhooks/admission/jobs/validate/util.go
+    policyActionMap). The master task keeps the job's policies: it hosts the rendezvous, and
+    losing it restarts every worker anyway."""
+    return [
+        {**policy, "action": "RestartPod"} if policy["action"] == "RestartJob" else policy
+        for policy in lifecycle_policies()
+    ]
+
+
 def volcano_max_retry(retries: int, preemptions: int) -> int:
     """Volcano's `maxRetry`: room for `retries` failed runs and `preemptions` other restarts.
 

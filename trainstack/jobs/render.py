@@ -20,7 +20,13 @@ from trainstack.builders.storage import CACHE_DRIVER, CHECKPOINTS_MOUNT
 from trainstack.catalog import allocatable, catalog
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean
 from trainstack.contracts import runtime as contract
-from trainstack.jobs.lifecycle import TASK_MAX_RETRY, lifecycle_policies, volcano_max_retry
+from trainstack.jobs.elastic import elastic_env
+from trainstack.jobs.lifecycle import (
+    TASK_MAX_RETRY,
+    elastic_worker_policies,
+    lifecycle_policies,
+    volcano_max_retry,
+)
 from trainstack.jobs.platform import PlatformView, profile
 from trainstack.jobs.spec import JobSpec, cpu_millis, memory_bytes
 
@@ -147,25 +153,37 @@ def _quota_issues(
                 f"{', '.join(allowed_pools)}",
             )
         )
-    total = spec.workers.replicas * spec.workers.gpus
+    # An elastic job at its maximum: workers above what the team may ever hold would wait
+    # for ever, so the range must fit as the fixed gang does.
+    most = spec.workers.scale.max
+    total = most * spec.workers.gpus
     capability = int(sched.get("gpus", {}).get("capability", total))
     if total > capability:
+        at = "max " if spec.workers.scale.elastic else ""
+        fix = (
+            "the workers above it could never start: set max to at most "
+            f"{capability // spec.workers.gpus}"
+            if spec.workers.scale.elastic
+            else f"the gang could never start: ask for at most {capability}"
+        )
         issues.append(
             ConfigIssue(
                 "job.spec.workers",
-                f"{spec.workers.replicas} x {spec.workers.gpus} = {total} GPUs exceeds team "
+                f"{at}{most} x {spec.workers.gpus} = {total} GPUs exceeds team "
                 f"{spec.team}'s capability of {capability} GPUs (quota deserved + borrowLimit "
-                f"of {spec.team} in the platform stack's registry); the gang could never start: "
-                f"ask for at most {capability}, or ask the platform team to raise the quota",
+                f"of {spec.team} in the platform stack's registry); {fix}, or ask the "
+                "platform team to raise the quota",
             )
         )
     nodes_needed = -(-total // int(pool["gpusPerNode"]))
     if nodes_needed > int(pool["maxNodes"]):
+        fits = int(pool["maxNodes"]) * int(pool["gpusPerNode"]) // spec.workers.gpus
+        fix = f"; set max to at most {fits}" if spec.workers.scale.elastic else ""
         issues.append(
             ConfigIssue(
                 "job.spec.workers",
                 f"{total} GPUs need {nodes_needed} nodes but pool {spec.pool} has at most "
-                f"{pool['maxNodes']}",
+                f"{pool['maxNodes']}{fix}",
             )
         )
     allowed = team.get("priorityClasses", [])
@@ -264,7 +282,8 @@ def _resources(requests: Mapping[str, str], limits: Mapping[str, str]) -> dict[s
     return {"requests": dict(sorted(requests.items())), "limits": dict(sorted(limits.items()))}
 
 
-def _env(spec: JobSpec, view: PlatformView, nproc: int, *, gpu: bool) -> list[dict[str, str]]:
+def _env(spec: JobSpec, view: PlatformView, nproc: int, role: str) -> list[dict[str, str]]:
+    gpu = role != PS
     pool = view.pool(spec.pool)
     assert pool is not None
     values: dict[str, str] = dict(profile(pool).env)
@@ -290,6 +309,14 @@ def _env(spec: JobSpec, view: PlatformView, nproc: int, *, gpu: bool) -> list[di
         values[contract.ENV_GPU_EVIDENCE] = f"http://$({NODE_IP_ENV}):{port}/metrics"
     values |= dict(spec.env)  # the author's env wins, except where it must not:
     values[contract.ENV_CHECKPOINT_DIR] = CHECKPOINTS_MOUNT
+    if spec.workers.scale.elastic:
+        values |= elastic_env(
+            spec.workers.scale,
+            # The master's pod by its Volcano svc plugin name: <job>-<task>-<index>.<job>.
+            endpoint=f"{spec.name}-{MASTER}-0.{spec.name}:{PYTORCH_PORT}",
+            store_host=role == MASTER,
+            restarts=spec.max_retries + spec.max_preemptions,
+        )
     return [{"name": k, "value": v} for k, v in sorted(values.items())]
 
 
@@ -420,7 +447,7 @@ def _pod(
         "args": list(spec.args),
         "env": [
             *(_node_ip_env(view) if role != PS else []),  # servers run on CPU nodes
-            *_env(spec, view, nproc, gpu=role != PS),
+            *_env(spec, view, nproc, role),
             {"name": "TRAINSTACK_ROLE", "value": role},
             copy.deepcopy(INSTANCE_ENV),
             copy.deepcopy(INCARNATION_ENV),
@@ -514,12 +541,20 @@ RESTRICTED_CONTAINER: dict[str, Any] = {
 }
 
 
-def _task(spec: JobSpec, view: PlatformView, name: str, replicas: int, gpus: int) -> dict[str, Any]:
+def _task(
+    spec: JobSpec,
+    view: PlatformView,
+    name: str,
+    replicas: int,
+    gpus: int,
+    *,
+    min_available: int | None = None,
+) -> dict[str, Any]:
     task_labels = {**job_labels(spec), labels.ROLE: name}
     return {
         "name": name,
         "replicas": replicas,
-        "minAvailable": replicas,
+        "minAvailable": replicas if min_available is None else min_available,
         "maxRetry": TASK_MAX_RETRY,
         "template": _pod(spec, view, PS if name == PS else name, gpus, task_labels),
     }
@@ -580,7 +615,16 @@ def job_spec(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -
     if spec.mode == "dataParallel":
         # Volcano's pytorch plugin gives the master task RANK 0 and MASTER_ADDR.
         tasks = [_task(spec, view, MASTER, 1, workers.gpus)]
-        if workers.replicas > 1:
+        scale = workers.scale
+        if scale.elastic:
+            # Always a worker task, even at size 1, so that a resize stays an update (Volcano
+            # refuses a task added or removed: lifecycle.py UPDATABLE_TASK_FIELDS).
+            worker = _task(
+                spec, view, WORKER, scale.size - 1, workers.gpus, min_available=scale.min - 1
+            )
+            worker["policies"] = elastic_worker_policies()
+            tasks.append(worker)
+        elif workers.replicas > 1:
             tasks.append(_task(spec, view, WORKER, workers.replicas - 1, workers.gpus))
         plugins["pytorch"] = [f"--master={MASTER}", f"--worker={WORKER}", f"--port={PYTORCH_PORT}"]
     else:
@@ -594,7 +638,10 @@ def job_spec(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -
         "schedulerName": "volcano",
         "queue": view.scheduling(spec.team).get("queue", spec.team),
         "priorityClassName": priority_class_name(spec.priority),
-        "minAvailable": sum(t["replicas"] for t in tasks),  # gang: all or nothing
+        # The gang: all or nothing, or an elastic job's minimum (jobs/elastic.py).
+        "minAvailable": (
+            workers.scale.min if workers.scale.elastic else sum(t["replicas"] for t in tasks)
+        ),
         "maxRetry": volcano_max_retry(spec.max_retries, spec.max_preemptions),
         "plugins": plugins,
         "policies": policies,

@@ -17,6 +17,7 @@ from trainstack.config.errors import ConfigError, ConfigIssue, join_path
 from trainstack.config.images import MOVING_TAG, is_pinned
 from trainstack.config.schema import apply_defaults, schema_issues
 from trainstack.contracts.runtime import CHECKPOINT_DIR_DEFAULT, ENV_CHECKPOINT_DIR
+from trainstack.jobs.elastic import WorkerRange, range_issues, worker_range
 from trainstack.policy.isolation import reserved_key
 
 SCHEMA = "job.schema.json"
@@ -54,10 +55,11 @@ class Resources:
 
 @dataclass(frozen=True)
 class Workers:
-    replicas: int
+    replicas: int  # the workers asked for now: `scale.size`
     gpus: int
     resources: Resources
     gpu_memory: str | None
+    scale: WorkerRange  # min == max == replicas unless elastic (jobs/elastic.py)
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,7 @@ def intrinsic_issues(doc: Mapping[str, Any], root: str = "job") -> list[ConfigIs
             )
         )
     issues += structural_issues(doc, root)
+    issues += range_issues(spec, spath)
     for key in ("workers", "parameterServers"):
         replica = spec.get(key)
         if isinstance(replica, Mapping):
@@ -329,6 +332,7 @@ def build(doc: Mapping[str, Any], source: str) -> JobSpec:
     filled = apply_defaults(SCHEMA, doc)
     meta, spec = filled["metadata"], filled["spec"]
     workers = spec["workers"]
+    scale = worker_range(workers["replicas"])
     ps = spec.get("parameterServers")
     data = spec.get("data")
     ckpt = spec["checkpoint"]
@@ -343,10 +347,11 @@ def build(doc: Mapping[str, Any], source: str) -> JobSpec:
         mode=spec["mode"],
         pool=spec["pool"],
         workers=Workers(
-            replicas=workers["replicas"],
+            replicas=scale.size,
             gpus=workers["gpus"],
             resources=_resources(workers),
             gpu_memory=workers.get("gpuMemory"),
+            scale=scale,
         ),
         parameter_servers=(
             ParameterServers(replicas=ps["replicas"], resources=_resources(ps)) if ps else None

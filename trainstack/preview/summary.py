@@ -23,6 +23,7 @@ from rich.text import Text
 from trainstack import outputs as out
 from trainstack.builders import labels
 from trainstack.builders.scheduling import priority_class_name
+from trainstack.jobs.elastic import gpus_label, job_gpus
 from trainstack.policy.objects import VOLCANO_JOB
 from trainstack.policy.rules import MAX_DURATION_ANNOTATION
 from trainstack.preview.plan import Plan
@@ -180,20 +181,15 @@ def capacity_renderables(outputs: Mapping[str, Any]) -> list[RenderableType]:
     return out
 
 
-def _job_row(job: Mapping[str, Any]) -> tuple[str, int, str, str, float | None]:
-    """(name, GPUs, pool, priority, maximum hours) of a rendered Volcano Job."""
+def _job_row(job: Mapping[str, Any]) -> tuple[str, int, int, str, str, float | None]:
+    """(name, least GPUs, GPUs, pool, priority, maximum hours) of a rendered Volcano Job: an
+    elastic job's least is its minimum (jobs/elastic.py job_gpus), a gang job's its GPUs."""
     meta, spec = _mapping(job.get("metadata")), _mapping(job.get("spec"))
-    gpus = 0
-    for raw in spec.get("tasks") or []:
-        task = _mapping(raw)
-        pod = _mapping(_mapping(task.get("template")).get("spec"))
-        for container in pod.get("containers") or []:
-            limits = _mapping(_mapping(_mapping(container).get("resources")).get("limits"))
-            per_pod = _int(_number(limits.get("nvidia.com/gpu")))
-            gpus += (_int(task.get("replicas")) or 0) * (per_pod or 0)
+    least, gpus = job_gpus(spec)
     seconds = _number(_mapping(meta.get("annotations")).get(MAX_DURATION_ANNOTATION))
     return (
         str(meta.get("name", "?")),
+        least,
         gpus,
         str(_mapping(meta.get("labels")).get(labels.POOL, "?")),
         # The spec's own word (`normal`), not the PriorityClass it becomes.
@@ -232,16 +228,22 @@ def jobs_renderables(plan: Plan) -> list[RenderableType]:
     table.add_column("pool", overflow="fold")
     table.add_column("priority")
     table.add_column("max duration", justify="right")
-    for name, count, pool, priority, hours in rows:
-        table.add_row(Text(name), Text(str(count)), Text(pool), Text(priority), Text(_hours(hours)))
-    total = sum(row[1] for row in rows)
-    longest = max((row[4] for row in rows if row[4] is not None), default=None)
+    for name, least, count, pool, priority, hours in rows:
+        table.add_row(
+            Text(name), Text(gpus_label(least, count)), Text(pool), Text(priority),
+            Text(_hours(hours)),
+        )  # fmt: skip
+    least_total, total = sum(row[1] for row in rows), sum(row[2] for row in rows)
+    longest = max((row[5] for row in rows if row[5] is not None), default=None)
     limits = _mapping(plan.outputs.get(out.LIMITS))
     gpus = _mapping(limits.get("gpus"))
     capability, guarantee = _int(gpus.get("capability")), _int(gpus.get("guarantee"))
     max_hours = _number(limits.get("maxJobHours"))
     table.add_section()
-    table.add_row(Text("all jobs"), Text(str(total)), Text(""), Text(""), Text(_hours(longest)))
+    table.add_row(
+        Text("all jobs"), Text(gpus_label(least_total, total)), Text(""), Text(""),
+        Text(_hours(longest)),
+    )  # fmt: skip
     if limits:
         table.add_row(
             Text("team's limit"),
@@ -265,10 +267,16 @@ def jobs_renderables(plan: Plan) -> list[RenderableType]:
     # What Volcano does with the sum (docs/scheduling.md, "What a guarantee does"): beyond the
     # capability nothing is allocated; above the fair share pods are what reclaim takes; only
     # the guarantee is kept free for the team.
-    if capability is not None and total > capability:
+    if capability is not None and least_total > capability:
         note += (
-            f"; all jobs together need {total}, more than {capability}: they cannot all run "
-            "at once, the rest wait in the queue"
+            f"; all jobs together need {least_total}, more than {capability}: they cannot all "
+            "run at once, the rest wait in the queue"
+        )
+    elif capability is not None and total > capability:
+        # Elastic jobs (docs/jobs.md): their minimums fit, their sizes do not.
+        note += (
+            f"; all jobs together need {gpus_label(least_total, total)}: at their minimums "
+            f"they fit in {capability}, and elastic jobs grow only as far as the rest leaves"
         )
     elif deserved is not None and total > deserved:
         note += (

@@ -1,0 +1,153 @@
+"""Elastic jobs (issue 43; docs/jobs.md, "Elastic jobs"): what a worker range means for the
+spec's checks and for the rendered Volcano Job.
+
+`workers.replicas: {min, max, size}`:
+
+- The gang is `min`: the Job's `minAvailable`, so Volcano starts it once `min` workers fit
+  (gang plugin, v1.15.1 pkg/scheduler/plugins/gang/gang.go: a job is ready at minAvailable).
+- It asks for `size` workers (default `max`): the rest stay Pending and Volcano binds them as
+  capacity frees, since a job already ready takes single pods.
+- torchrun runs `--nnodes=min:max` on the c10d rendezvous hosted by the master task's pod:
+  a joining worker restarts the workers at the larger world size and a lost one at the
+  smaller, each resuming from the last checkpoint (trainstack_runtime topology.py node_plan).
+- Only the workers above `min` may be taken back: Volcano's gang plugin lets preempt and
+  reclaim evict a job's pod only while the job keeps its `minAvailable`.
+- `size` changes in place (Volcano updates task replicas: jobs/lifecycle.py
+  UPDATABLE_TASK_FIELDS); `min` and `max` are torchrun's `--nnodes` in the pods'
+  environment, which Volcano never updates, so changing either replaces the Job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trainstack.config.errors import ConfigIssue, join_path
+from trainstack.contracts import runtime as contract
+
+
+@dataclass(frozen=True)
+class WorkerRange:
+    """How many workers: `min == max == size` for a fixed gang."""
+
+    min: int
+    max: int
+    size: int
+
+    @property
+    def elastic(self) -> bool:
+        return self.min < self.max
+
+    def label(self) -> str:
+        """As people write it: `4`, or `2..8` (and the size when it is not the maximum)."""
+        if not self.elastic:
+            return str(self.size)
+        return f"{self.min}..{self.max}" + ("" if self.size == self.max else f" (size {self.size})")
+
+
+def worker_range(replicas: int | Mapping[str, Any]) -> WorkerRange:
+    """From a schema-valid `workers.replicas`."""
+    if isinstance(replicas, int):
+        return WorkerRange(replicas, replicas, replicas)
+    lo, hi = int(replicas["min"]), int(replicas["max"])
+    return WorkerRange(lo, hi, int(replicas.get("size", hi)))
+
+
+def range_issues(spec: Mapping[str, Any], spath: str) -> list[ConfigIssue]:
+    """What the schema cannot say about a range: its order, and the modes it works in."""
+    workers = spec.get("workers")
+    replicas = workers.get("replicas") if isinstance(workers, Mapping) else None
+    if not isinstance(replicas, Mapping):
+        return []
+    path = join_path(spath, "workers", "replicas")
+    lo, hi, size = replicas.get("min"), replicas.get("max"), replicas.get("size")
+    if not (isinstance(lo, int) and isinstance(hi, int)):
+        return []  # the schema reports the missing or mistyped bound
+    issues: list[ConfigIssue] = []
+    if lo > hi:
+        issues.append(ConfigIssue(join_path(path, "min"), f"{lo} is more than max {hi}; swap them"))
+    elif lo == hi:
+        issues.append(
+            ConfigIssue(
+                path,
+                f"min and max are both {lo}: that is a fixed gang; write replicas: {lo}",
+            )
+        )
+    elif isinstance(size, int) and not lo <= size <= hi:
+        issues.append(
+            ConfigIssue(
+                join_path(path, "size"),
+                f"{size} is outside min {lo} .. max {hi}; ask for a size in the range",
+            )
+        )
+    if spec.get("mode", "dataParallel") != "dataParallel":
+        issues.append(
+            ConfigIssue(
+                path,
+                "an elastic range needs mode: dataParallel (torchrun's elastic rendezvous); "
+                "parameter-server jobs take a number of workers",
+            )
+        )
+    return issues
+
+
+def elastic_env(
+    scale: WorkerRange, *, endpoint: str, store_host: bool, restarts: int
+) -> dict[str, str]:
+    """The pod's rendezvous for an elastic job, set after the author's env (a PET_NNODES of
+    their own would leave torchrun waiting for workers that never come).
+
+    `PET_*` win over the per-pod MASTER_ADDR/WORLD_SIZE/RANK Volcano's pytorch plugin writes
+    at creation, which count the pods of `size` and go stale as the job resizes
+    (trainstack_runtime topology.py node_plan reads PET_NNODES first). The store is hosted by
+    the master's pod, named explicitly: torch decides it otherwise by matching the endpoint to
+    the machine's host name. The restart budget counts the restarts a lost worker costs
+    (joins restart the workers without counting: torch elastic agent/server/api.py
+    SimpleElasticAgent._invoke_run)."""
+    return {
+        "PET_NNODES": f"{scale.min}:{scale.max}",
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_ENDPOINT": endpoint,
+        contract.ENV_RDZV_STORE_HOST: "1" if store_host else "0",
+        contract.ENV_MAX_RESTARTS: str(restarts),
+    }
+
+
+def _count(value: object) -> int:
+    """A count as a plan holds it (8, 8.0, "8"); anything else is 0."""
+    if isinstance(value, bool):
+        return 0
+    try:
+        return int(float(str(value)))
+    except (TypeError, ValueError):
+        return 0
+
+
+def job_gpus(spec: Mapping[str, Any]) -> tuple[int, int]:
+    """(least, asked): the GPUs of a rendered Volcano Job's spec at its tasks' minAvailable
+    (the gang Volcano starts it with, which stays through reclaim) and at their replicas.
+    Equal for a gang job. Tolerant of any plan: what is not a count counts 0."""
+    least = asked = 0
+    for task in spec.get("tasks") or []:
+        if not isinstance(task, Mapping):
+            continue
+        replicas = _count(task.get("replicas"))
+        minimum = task.get("minAvailable")
+        floor = replicas if minimum is None else _count(minimum)
+        pod = (task.get("template") or {}).get("spec") or {}
+        for container in pod.get("containers") or []:
+            if not isinstance(container, Mapping):
+                continue
+            resources = container.get("resources") or {}
+            per_pod = _count(
+                (resources.get("limits") or {}).get("nvidia.com/gpu")
+                or (resources.get("requests") or {}).get("nvidia.com/gpu")
+            )
+            asked += replicas * per_pod
+            least += floor * per_pod
+    return least, asked
+
+
+def gpus_label(least: int, asked: int) -> str:
+    return str(asked) if least == asked else f"{least}..{asked}"
