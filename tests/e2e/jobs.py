@@ -28,7 +28,7 @@ def spec(
     name: str,
     *,
     pool: str,
-    replicas: int = 1,
+    replicas: int | dict[str, int] = 1,  # a number, or an elastic range {min, max[, size]}
     gpus: int = 1,
     priority: str = "normal",
     max_retries: int = 3,

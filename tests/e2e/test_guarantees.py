@@ -239,3 +239,92 @@ def test_priority_preempts_inside_a_queue(clean: Deployed) -> None:
     jobs.wait_running(clean, urgent, timeout=60)
     assert lower() == 16 + normal - 8, "exactly one of vision's own lower-class jobs made room"
     assert _running(clean, "vision") == capability
+
+
+def _state(platform: Deployed, job: dict[str, Any]) -> dict[str, Any]:
+    """What a failed wait reports: the GPUs each team runs, the job's pods and status."""
+    return {
+        "running": {t: _running(platform, t) for t in ("vision", "nlp", "recsys")},
+        "pods": sorted(
+            (p["metadata"]["name"], p.get("status", {}).get("phase"), p["spec"].get("nodeName"))
+            for p in jobs.pods(platform, job)
+        ),
+        "status": jobs.live(platform, job).get("status"),
+    }
+
+
+def _uids(pods: list[dict[str, Any]]) -> set[str]:
+    return {p["metadata"]["uid"] for p in pods}
+
+
+def _elastic(platform: Deployed, size: int | None = None) -> dict[str, Any]:
+    replicas = {"min": 6, "max": 8} | ({} if size is None else {"size": size})
+    return jobs.rendered(
+        platform, jobs.spec("vision", "elastic", pool="h100-block", gpus=8, replicas=replicas)
+    )
+
+
+def test_an_elastic_job_starts_small_grows_and_loses_a_worker_alone(clean: Deployed) -> None:
+    """Issue 43 (docs/jobs.md, "Elastic jobs"): vision's elastic job of 6 to 8 workers of 8
+    GPUs on h100-block starts with 6 while nlp holds the rest of the block and grows to 8 when
+    nlp's jobs end, none of its first workers replaced. A worker deleted as the scheduler's
+    reclaim or preempt deletes it comes back alone: no other pod of the job restarts
+    (lifecycle.py elastic_worker_policies: RestartPod, one retry counted). A smaller size
+    applied to the running Job (what a team stack's update does) removes the top worker in
+    place. Which pod reclaim picks is Volcano's (docs/jobs.md, "What Volcano does not
+    protect"), so the scenario deletes the worker itself."""
+    hold = [
+        jobs.rendered(clean, jobs.spec("nlp", f"hold-{i}", pool="h100-block", gpus=8))
+        for i in range(2)
+    ]
+    for job in hold:
+        jobs.submit(clean, job)
+    wait_for("nlp holding 16 of h100-block", lambda: _running(clean, "nlp") == 16, timeout=60)
+
+    elastic = _elastic(clean)
+    assert elastic["spec"]["minAvailable"] == 6
+    assert jobs.replicas(elastic) == 8
+    jobs.submit(clean, elastic)
+    started = wait_for(
+        "the elastic job started with its minimum",
+        lambda: found if len(found := jobs.running_pods(clean, elastic)) == 6 else None,
+        timeout=60,
+    )
+    time.sleep(5)  # scheduling periods pass: the two above the minimum still wait
+    assert len(jobs.running_pods(clean, elastic)) == 6, _state(clean, elastic)
+    assert jobs.phase(clean, elastic) == "Running"
+
+    for job in hold:
+        jobs.delete(clean, job)
+    grown = jobs.wait_running(clean, elastic, timeout=60)
+    assert _uids(started) <= _uids(grown), "growing replaced none of the first workers"
+
+    lost = next(p for p in grown if p["metadata"]["name"] == "elastic-worker-3")
+    clean.kube.delete("v1", "Pod", "elastic-worker-3", "vision")
+    back = wait_for(
+        "the lost worker back, alone",
+        lambda: (
+            found
+            if len(found := jobs.running_pods(clean, elastic)) == 8
+            and lost["metadata"]["uid"] not in _uids(found)
+            else None
+        ),
+        timeout=60,
+    )
+    assert _uids(grown) - _uids(back) == {lost["metadata"]["uid"]}, _state(clean, elastic)
+    wait_for("the job Running", lambda: jobs.phase(clean, elastic) == "Running", timeout=30)
+    assert int(jobs.live(clean, elastic)["status"].get("retryCount", 0)) == 1
+
+    smaller = _elastic(clean, size=7)
+    clean.kube.apply(smaller, as_=clean.member("vision"))
+    kept = wait_for(
+        "the job down to 7 workers",
+        lambda: found if len(found := jobs.pods(clean, elastic)) == 7 else None,
+        timeout=60,
+    )
+    assert {p["metadata"]["name"] for p in kept} == {
+        "elastic-master-0",
+        *(f"elastic-worker-{i}" for i in range(6)),
+    }
+    assert _uids(kept) <= _uids(back), "shrinking restarted none of the workers it kept"
+    wait_for("the job Running", lambda: jobs.phase(clean, elastic) == "Running", timeout=30)
