@@ -253,6 +253,18 @@ def _state(platform: Deployed, job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _companions(platform: Deployed, job: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's headless Service (svc plugin) and PodGroup, once both exist."""
+    meta = job["metadata"]
+    service = platform.kube.get_or_none("v1", "Service", meta["name"], meta["namespace"])
+    groups = [
+        g["metadata"]["name"]
+        for g in platform.kube.list("scheduling.volcano.sh/v1beta1", "PodGroup", meta["namespace"])
+        if any(o.get("name") == meta["name"] for o in g["metadata"].get("ownerReferences", []))
+    ]
+    return {"service": service, "podgroups": groups} if service and groups else None
+
+
 def _uids(pods: list[dict[str, Any]]) -> set[str]:
     return {p["metadata"]["uid"] for p in pods}
 
@@ -312,6 +324,10 @@ def test_an_elastic_job_starts_small_grows_and_loses_a_worker_alone(clean: Deplo
         timeout=60,
     )
     assert _uids(grown) - _uids(back) == {lost["metadata"]["uid"]}, _state(clean, elastic)
+    # RestartPod also runs the job plugins' OnJobDelete, which deletes the svc plugin's
+    # headless Service (the peers' DNS names), and deletes the PodGroup (v1.15.1
+    # job_controller_actions.go killPods); the next sync makes both again.
+    wait_for("the job's Service and PodGroup back", lambda: _companions(clean, elastic), timeout=30)
     wait_for("the job Running", lambda: jobs.phase(clean, elastic) == "Running", timeout=30)
     assert int(jobs.live(clean, elastic)["status"].get("retryCount", 0)) == 1
 

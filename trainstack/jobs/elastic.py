@@ -6,12 +6,17 @@ spec's checks and for the rendered Volcano Job.
 - The gang is `min`: the Job's `minAvailable`, so Volcano starts it once `min` workers fit
   (gang plugin, v1.15.1 pkg/scheduler/plugins/gang/gang.go: a job is ready at minAvailable).
 - It asks for `size` workers (default `max`): the rest stay Pending and Volcano binds them as
-  capacity frees, since a job already ready takes single pods.
+  capacity frees, one per allocate pass, into the running job (actions/allocate/allocate.go).
+  Task minimums are rendered explicitly: Volcano's webhook would default each to the task's
+  replicas.
 - torchrun runs `--nnodes=min:max` on the c10d rendezvous hosted by the master task's pod:
   a joining worker restarts the workers at the larger world size and a lost one at the
   smaller, each resuming from the last checkpoint (trainstack_runtime topology.py node_plan).
-- Only the workers above `min` may be taken back: Volcano's gang plugin lets preempt and
-  reclaim evict a job's pod only while the job keeps its `minAvailable`.
+- What Volcano does NOT give: a protected minimum. Preempt does not consult the gang plugin
+  (the platform's `enablePreemptable: false`, which keeps fixed gangs preemptable); reclaim
+  asks it first, and it permits up to `ready - minAvailable` pods of any role, the master's
+  included, and at the minimum its empty answer falls through to capacity/proportion
+  (framework/session_plugins.go Reclaimable). docs/jobs.md, "What Volcano does not protect".
 - `size` changes in place (Volcano updates task replicas: jobs/lifecycle.py
   UPDATABLE_TASK_FIELDS); `min` and `max` are torchrun's `--nnodes` in the pods'
   environment, which Volcano never updates, so changing either replaces the Job.
