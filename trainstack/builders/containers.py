@@ -1,10 +1,13 @@
-"""Container pieces shared by trainstack's own controllers (deadline enforcer, health repair,
-health agent): one place for the hardened security context, the /healthz probes and the small
-controller's resources, so a fix to one reaches all of them."""
+"""Pod pieces shared by trainstack's own controllers (deadline enforcer, health repair,
+health agent): one place for the hardened security context, the /healthz probes, the small
+controller's resources and its single-replica Deployment, so a fix to one reaches all of them."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from trainstack.builders import labels
+from trainstack.config.model import PlatformConfig
 
 
 # What the restricted Pod Security Standard asks of a container, plus a read-only root: the
@@ -38,4 +41,45 @@ def healthz_probes(port: str, *, period: int = 30, failures: int = 3) -> dict[st
             "failureThreshold": failures,
         },
         "readinessProbe": {"httpGet": dict(get), "periodSeconds": 10},
+    }
+
+
+def controller_pod(
+    cfg: PlatformConfig,
+    service_account: str,
+    container: dict[str, Any],
+    volumes: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A controller's pod: non-root (the images' user 10001), the runtime's seccomp profile,
+    on the system nodes where the platform has them (AWS)."""
+    pod: dict[str, Any] = {
+        "serviceAccountName": service_account,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if cfg.cloud == "aws":
+        pod["nodeSelector"] = {labels.ROLE: "system"}
+    return pod
+
+
+def singleton_deployment(
+    metadata: dict[str, Any], selector: dict[str, str], pod: dict[str, Any]
+) -> dict[str, Any]:
+    """One replica, replaced with Recreate: two copies of a controller never run at once."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata,
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector},
+            "template": {"metadata": {"labels": dict(selector)}, "spec": pod},
+        },
     }

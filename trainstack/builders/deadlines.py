@@ -162,41 +162,20 @@ def deployment(cfg: PlatformConfig) -> dict[str, Any]:
         "securityContext": containers.hardened(),
         "volumeMounts": [{"name": "registry", "mountPath": REGISTRY_DIR, "readOnly": True}],
     }
-    pod: dict[str, Any] = {
-        "serviceAccountName": NAME,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 10001,
-            "runAsGroup": 10001,
-            "seccompProfile": {"type": "RuntimeDefault"},
+    registry = {
+        "name": "registry",
+        # The kubelet refreshes a ConfigMap volume (no subPath): a new team is seen without a
+        # restart.
+        "configMap": {
+            "name": PLATFORM_CONFIGMAP,
+            "items": [{"key": "registry.json", "path": "registry.json"}],
         },
-        "containers": [container],
-        "volumes": [
-            {
-                "name": "registry",
-                # The kubelet refreshes a ConfigMap volume (no subPath): a new team is seen
-                # without a restart.
-                "configMap": {
-                    "name": PLATFORM_CONFIGMAP,
-                    "items": [{"key": "registry.json", "path": "registry.json"}],
-                },
-            }
-        ],
     }
-    if cfg.cloud == "aws":
-        pod["nodeSelector"] = {labels.ROLE: "system"}
+    pod = containers.controller_pod(cfg, NAME, container, [registry])
     reasons = {**EXCEPTIONS, **scanner.unpinned_image_reasons([d.image])}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": scanner.annotate(_meta(cfg, NAME, SYSTEM_NAMESPACE), reasons),
-        "spec": {
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": pod_labels()},
-            "template": {"metadata": {"labels": pod_labels()}, "spec": pod},
-        },
-    }
+    return containers.singleton_deployment(
+        scanner.annotate(_meta(cfg, NAME, SYSTEM_NAMESPACE), reasons), pod_labels(), pod
+    )
 
 
 def network_policy(cfg: PlatformConfig) -> dict[str, Any]:

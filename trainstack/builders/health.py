@@ -292,31 +292,11 @@ def repair_deployment(cfg: PlatformConfig) -> dict[str, Any]:
         "securityContext": containers.hardened(),
         "volumeMounts": [_expectations_mount()],
     }
-    pod: dict[str, Any] = {
-        "serviceAccountName": REPAIR,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 10001,
-            "runAsGroup": 10001,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "containers": [container],
-        "volumes": [_expectations_volume()],
-    }
-    if cfg.cloud == "aws":
-        pod["nodeSelector"] = {labels.ROLE: "system"}
+    pod = containers.controller_pod(cfg, REPAIR, container, [_expectations_volume()])
     reasons = {**REPAIR_EXCEPTIONS, **scanner.unpinned_image_reasons([image])}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": scanner.annotate(_meta(cfg, REPAIR_APP, REPAIR), reasons),
-        "spec": {
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": pod_labels(REPAIR_APP)},
-            "template": {"metadata": {"labels": pod_labels(REPAIR_APP)}, "spec": pod},
-        },
-    }
+    return containers.singleton_deployment(
+        scanner.annotate(_meta(cfg, REPAIR_APP, REPAIR), reasons), pod_labels(REPAIR_APP), pod
+    )
 
 
 # The Events the programs write about Nodes go where the kubelet writes its node events,
