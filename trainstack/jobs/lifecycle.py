@@ -61,11 +61,14 @@ def elastic_worker_policies() -> list[dict[str, Any]]:
     order is the job's: fatal codes and the deadline first, still ending the job. RestartPod
     deletes that pod alone and counts one retry (state/running.go and pending.go: KillTarget,
     `RetryCount++`), so every lost worker spends one of the job's preemptions (maxRetry,
-    volcano_max_retry). Not ResumeJob, which syncs in Running but kills the whole job while
-    the job is Restarting (state/restarting.go Execute, `default: KillJob`), and not SyncJob,
-    which the webhook refuses as a policy action (webhooks/admission/jobs/validate/util.go
-    policyActionMap). The master task keeps the job's policies: it hosts the rendezvous, and
-    losing it restarts every worker anyway."""
+    volcano_max_retry). Its killPods also deletes the job's PodGroup and, through the svc
+    plugin's OnJobDelete, its headless Service, which the next sync makes again
+    (job_controller_actions.go; docs/jobs.md, "What Volcano does not protect"). Not
+    ResumeJob, which syncs in Running but kills the whole job while the job is Restarting
+    (state/restarting.go Execute, `default: KillJob`), and not SyncJob, which the webhook
+    refuses as a policy action (webhooks/admission/jobs/validate/util.go policyActionMap).
+    The master task keeps the job's policies: it hosts the rendezvous, and losing it restarts
+    every worker anyway."""
     return [
         {**policy, "action": "RestartPod"} if policy["action"] == "RestartJob" else policy
         for policy in lifecycle_policies()
