@@ -14,10 +14,11 @@ from trainstack_runtime.topology import node_plan, restartable
 from tests.conftest import ROOT
 from tests.jobs.test_topology import _gpus, volcano_env
 from trainstack.diff.sections import jobs_section
+from trainstack.jobs.checks import platform_issues
 from trainstack.jobs.elastic import WorkerRange, worker_range
 from trainstack.jobs.lifecycle import replacement_key
 from trainstack.jobs.platform import PlatformView
-from trainstack.jobs.render import platform_issues, render
+from trainstack.jobs.render import render
 from trainstack.jobs.spec import JobSpec, load_job
 from trainstack.preview.plan import Plan
 

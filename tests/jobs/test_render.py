@@ -18,9 +18,10 @@ from tests.conftest import ROOT
 from trainstack.builders.storage import CACHE_DRIVER
 from trainstack.cli import app
 from trainstack.config import ConfigError
+from trainstack.jobs.checks import platform_issues
 from trainstack.jobs.lifecycle import volcano_max_retry
 from trainstack.jobs.platform import PlatformView
-from trainstack.jobs.render import platform_issues, render
+from trainstack.jobs.render import render
 from trainstack.jobs.spec import Data, JobSpec, Topology, load_job
 from trainstack.outputs import team_output
 from trainstack.preview.plan import Plan, normalise

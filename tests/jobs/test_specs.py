@@ -12,8 +12,8 @@ import yaml
 
 from tests.conftest import ROOT
 from trainstack.config import ConfigError
+from trainstack.jobs.checks import platform_issues
 from trainstack.jobs.platform import PlatformView
-from trainstack.jobs.render import platform_issues
 from trainstack.jobs.spec import (
     advice,
     cpu_millis,

@@ -17,9 +17,10 @@ from trainstack.config import (
     read_stack_file,
 )
 from trainstack.config.errors import did_you_mean
+from trainstack.jobs.checks import platform_issues
 from trainstack.jobs.files import collect_jobs
 from trainstack.jobs.platform import PlatformView
-from trainstack.jobs.render import platform_issues, render
+from trainstack.jobs.render import render
 from trainstack.jobs.spec import parse_job
 from trainstack.policy.objects import VOLCANO_JOB
 from trainstack.policy.pack import evaluate
