@@ -52,7 +52,7 @@ def test_a_number_is_a_fixed_gang() -> None:
     scale = worker_range(3)
     assert (scale.min, scale.max, scale.size, scale.elastic) == (3, 3, 3, False)
     assert worker_range({"min": 2, "max": 8}) == WorkerRange(2, 8, 8)  # size: max by default
-    assert worker_range({"min": 2, "max": 8, "size": 4}).label() == "2..8 (size 4)"
+    assert worker_range({"min": 2, "max": 8, "size": 4}) == WorkerRange(2, 8, 4)
 
 
 def test_the_gang_is_the_minimum_and_the_job_asks_for_its_size(view: PlatformView) -> None:

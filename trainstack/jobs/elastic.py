@@ -44,12 +44,6 @@ class WorkerRange:
     def elastic(self) -> bool:
         return self.min < self.max
 
-    def label(self) -> str:
-        """As people write it: `4`, or `2..8` (and the size when it is not the maximum)."""
-        if not self.elastic:
-            return str(self.size)
-        return f"{self.min}..{self.max}" + ("" if self.size == self.max else f" (size {self.size})")
-
 
 def worker_range(replicas: int | Mapping[str, Any]) -> WorkerRange:
     """From a schema-valid `workers.replicas`."""
