@@ -15,7 +15,9 @@ each would have done before issue 37:
 - `volcano.sh/preemptable: "false"` and the other scheduling keys, on the Job or its
   templates, as labels or annotations, and added later by a metadata patch: pods off every
   preempt and reclaim list (pkg/scheduler/api/pod_info.go GetPodPreemptable), so borrowed
-  GPUs are never returned;
+  GPUs are never returned; since issue 43 the key is allowed in the template annotations of
+  one one-replica CPU task of at most 1 CPU and 1Gi (an elastic job's rendezvous pod, the
+  honest twin), and refused on a GPU template, two replicas or 2Gi;
 - a template `nodeName` (no scheduler, no queue, no taint), another scheduler, a system
   priority class for the Job, a class the team may not use, and one changed by an update; a
   confined team's GPU pod pinned to another team's pool;
@@ -119,6 +121,28 @@ def _root_init(j: dict[str, Any]) -> None:
     ]
 
 
+def _pinned(*, replicas: int = 1, memory: str = "512Mi") -> Mutation:
+    """Issue 43: a task like an elastic job's rendezvous appended to the job, a copy of its
+    first task with one CPU container (500m CPU, `memory`, requests equal to limits) and
+    `volcano.sh/preemptable: "false"` in its template annotations, `replicas` of it."""
+
+    def mutate(j: dict[str, Any]) -> None:
+        task = copy.deepcopy(j["spec"]["tasks"][0])
+        task["name"] = "rendezvous"
+        task["replicas"] = task["minAvailable"] = replicas
+        amounts = {"cpu": "500m", "memory": memory}
+        task["template"]["spec"]["containers"][0]["resources"] = {
+            "requests": dict(amounts),
+            "limits": dict(amounts),
+        }
+        meta = task["template"].setdefault("metadata", {})
+        meta.setdefault("annotations", {})["volcano.sh/preemptable"] = "false"
+        j["spec"]["tasks"].append(task)
+        j["spec"]["minAvailable"] = sum(t["minAvailable"] for t in j["spec"]["tasks"])
+
+    return mutate
+
+
 WHOLE_FS = {"dnsname": "fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com", "mountname": "fsx"}
 # (attempt, mutation of the rendered job, policies any of which may refuse it)
 ATTEMPTS: list[tuple[str, Mutation, set[str]]] = [
@@ -167,6 +191,15 @@ ATTEMPTS: list[tuple[str, Mutation, set[str]]] = [
         _meta("template", "labels", "volcano.sh/preemptable", "false"),
         {"scheduling-keys"},
     ),
+    # Issue 43: the one exception is a one-replica CPU task of at most 1 CPU and 1Gi (the
+    # honest twin, test_a_small_cpu_task_may_opt_out_of_preemption); nothing larger.
+    (
+        "preemptable false on a GPU template",
+        _meta("template", "annotations", "volcano.sh/preemptable", "false"),
+        {"scheduling-keys"},
+    ),
+    ("preemptable false on a two-replica CPU task", _pinned(replicas=2), {"scheduling-keys"}),
+    ("preemptable false on a CPU task of 2Gi", _pinned(memory="2Gi"), {"scheduling-keys"}),
     (
         "a preemption cooldown of ten years",
         _meta("job", "annotations", "volcano.sh/cooldown-time", "87600h"),
@@ -327,6 +360,17 @@ def test_every_attempt_is_refused(
     assert message is not None, f"{attempt}: admitted"
     names = {p if p == "queue-ownership" else POLICY + p for p in policies}
     assert any(name in message for name in names), message
+
+
+def test_a_small_cpu_task_may_opt_out_of_preemption(
+    prod: Deployed, job: dict[str, Any], enforced: None
+) -> None:
+    """The honest twin of the attempts above (issue 43): an elastic job's rendezvous pod, one
+    replica, CPU only, 500m and 512Mi, with `volcano.sh/preemptable: "false"` in its
+    template annotations, is admitted by every policy and Volcano's webhooks."""
+    twin = copy.deepcopy(job)
+    _pinned()(twin)
+    assert _refused_by(prod, twin) is None
 
 
 def test_a_confined_team_cannot_pin_another_pool(prod: Deployed, enforced: None) -> None:

@@ -23,6 +23,14 @@ def _quantity(value: celtypes.StringType) -> Quantity:
     return Quantity(parse_quantity(str(value)))
 
 
+def _is_quantity(value: celtypes.StringType) -> celtypes.BoolType:
+    try:
+        parse_quantity(str(value))
+    except ValueError:
+        return celtypes.BoolType(False)
+    return celtypes.BoolType(True)
+
+
 def _as_float(q: Quantity) -> celtypes.DoubleType:
     return celtypes.DoubleType(float(q))
 
@@ -38,6 +46,7 @@ def _split(value: celtypes.StringType, separator: celtypes.StringType) -> celtyp
 
 FUNCTIONS = {
     "quantity": _quantity,
+    "isQuantity": _is_quantity,
     "asApproximateFloat": _as_float,
     "compareTo": _compare,
     "split": _split,

@@ -207,6 +207,70 @@ def annotate(value: str | None) -> Mutation:
     return mutate
 
 
+PINNED = "volcano.sh/preemptable"
+
+
+def pinned_task(
+    name: str = "rendezvous",
+    *,
+    value: str = "false",
+    kind: str = "annotations",
+    replicas: int | None = 1,
+    limits: dict[str, str] | None = None,
+    requests: dict[str, str] | None = None,
+    change: Mutation | None = None,
+) -> Mutation:
+    """Issue 43: a task like an elastic job's rendezvous appended to the demo job: a copy of
+    its first task with one CPU container (limits 500m, 512Mi), `replicas`, and the preemptable
+    key under `kind` of its template; `change` then edits that task's pod spec, handed to
+    it as a job of that one task."""
+
+    def mutate(j: dict[str, Any]) -> None:
+        task = copy.deepcopy(j["spec"]["tasks"][0])
+        task["name"] = name
+        if replicas is None:
+            task.pop("replicas")
+        else:
+            task["replicas"] = replicas
+        c = task["template"]["spec"]["containers"][0]
+        c["resources"] = {
+            "requests": requests if requests is not None else {"cpu": "250m", "memory": "512Mi"},
+            "limits": limits if limits is not None else {"cpu": "500m", "memory": "512Mi"},
+        }
+        task["template"].setdefault("metadata", {}).setdefault(kind, {})[PINNED] = value
+        if change is not None:
+            change({"spec": {"tasks": [task]}})
+        j["spec"]["tasks"].append(task)
+
+    return mutate
+
+
+def init_container(resources: dict[str, Any], **fields: Any) -> Mutation:
+    """An init container with these resources in the first task's pod, as hardened as its
+    trainer (so that only the resources decide)."""
+
+    def mutate(j: dict[str, Any]) -> None:
+        pod(j).setdefault("initContainers", []).append(
+            {
+                "name": "setup",
+                "image": trainer(j)["image"],
+                "securityContext": copy.deepcopy(trainer(j)["securityContext"]),
+                "resources": resources,
+                **fields,
+            }
+        )
+
+    return mutate
+
+
+def both(*mutations: Mutation) -> Mutation:
+    def mutate(j: dict[str, Any]) -> None:
+        for m in mutations:
+            m(j)
+
+    return mutate
+
+
 CASES: list[tuple[str, str, Mutation | None, bool]] = [
     # (rule, case, mutation of the valid demo job, admitted?)
     ("request-limit-ratio", "valid", None, True),
@@ -545,6 +609,172 @@ CASES: list[tuple[str, str, Mutation | None, bool]] = [
         "scheduling-keys",
         "a queue allocation gate",
         metadata("job", "annotations", "scheduling.volcano.sh/queue-allocation-gate", "x"),
+        False,
+    ),
+    # Issue 43: the one exception, an elastic job's rendezvous pod: `preemptable: "false"`
+    # in the template annotations of one one-replica task whose pod is small and CPU only.
+    ("scheduling-keys", "preemptable false on a small CPU task", pinned_task(), True),
+    (
+        "scheduling-keys",
+        "preemptable false on a CPU task at the bounds",
+        pinned_task(
+            requests={"cpu": "500m", "memory": "1Gi"}, limits={"cpu": "1000m", "memory": "1Gi"}
+        ),
+        True,
+    ),
+    (
+        "scheduling-keys",
+        "preemptable false on a CPU task with a small init container",
+        pinned_task(change=init_container({"limits": {"cpu": "1", "memory": "64Mi"}})),
+        True,
+    ),
+    (
+        "scheduling-keys",
+        "preemptable false on a GPU task",
+        metadata("template", "annotations", PINNED, "false"),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "preemptable false as a label of the CPU task",
+        pinned_task(kind="labels"),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "preemptable false on the job beside the CPU task",
+        both(pinned_task(), metadata("job", "annotations", PINNED, "false")),
+        False,
+    ),
+    ("scheduling-keys", "preemptable no on the CPU task", pinned_task(value="no"), False),
+    ("scheduling-keys", "preemptable False on the CPU task", pinned_task(value="False"), False),
+    ("scheduling-keys", "preemptable 0 on the CPU task", pinned_task(value="0"), False),
+    ("scheduling-keys", "preemptable true on the CPU task", pinned_task(value="true"), False),
+    ("scheduling-keys", "two replicas of the CPU task", pinned_task(replicas=2), False),
+    ("scheduling-keys", "replicas unset on the CPU task", pinned_task(replicas=None), False),
+    (
+        "scheduling-keys",
+        "two CPU tasks with preemptable false",
+        both(pinned_task("rendezvous"), pinned_task("store")),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a CPU task with a cpu limit of 2",
+        pinned_task(
+            requests={"cpu": "1", "memory": "512Mi"}, limits={"cpu": "2", "memory": "512Mi"}
+        ),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a CPU task with a memory limit of 2Gi",
+        pinned_task(
+            requests={"cpu": "250m", "memory": "2Gi"}, limits={"cpu": "500m", "memory": "2Gi"}
+        ),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a CPU task without a memory limit",
+        pinned_task(limits={"cpu": "500m"}),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a CPU task whose init container requests a GPU",
+        pinned_task(
+            change=init_container(
+                {
+                    "requests": {"nvidia.com/gpu": "1"},
+                    "limits": {"cpu": "1", "memory": "64Mi", "nvidia.com/gpu": "1"},
+                }
+            )
+        ),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a CPU task whose init container has no limits",
+        pinned_task(change=init_container({"requests": {"cpu": "4", "memory": "16Gi"}})),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a CPU task whose init container's limits exceed the bound",
+        pinned_task(change=init_container({"limits": {"cpu": "8", "memory": "64Gi"}})),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a CPU task with a sidecar",
+        pinned_task(
+            change=init_container({"limits": {"cpu": "1", "memory": "1Gi"}}, restartPolicy="Always")
+        ),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a CPU task of two containers",
+        pinned_task(
+            change=lambda j: pod(j)["containers"].append(
+                {**copy.deepcopy(pod(j)["containers"][0]), "name": "second"}
+            )
+        ),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a CPU task with a pod resourceClaims entry",
+        pinned_task(
+            change=lambda j: pod(j).__setitem__(
+                "resourceClaims", [{"name": "gpu", "resourceClaimTemplateName": "gpus"}]
+            )
+        ),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a CPU task whose container names a claim",
+        pinned_task(
+            change=lambda j: pod(j)["containers"][0]["resources"].__setitem__(
+                "claims", [{"name": "gpu"}]
+            )
+        ),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a CPU task with pod-level resources",
+        pinned_task(change=lambda j: pod(j).__setitem__("resources", {"limits": {"cpu": "64"}})),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a CPU task requesting EFA",
+        pinned_task(
+            requests={"cpu": "250m", "memory": "512Mi", "vpc.amazonaws.com/efa": "1"},
+            limits={"cpu": "500m", "memory": "512Mi", "vpc.amazonaws.com/efa": "1"},
+        ),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a CPU task with hugepages",
+        pinned_task(
+            requests={"cpu": "250m", "memory": "512Mi", "hugepages-2Mi": "64Mi"},
+            limits={"cpu": "500m", "memory": "512Mi", "hugepages-2Mi": "64Mi"},
+        ),
+        False,
+    ),
+    (
+        "scheduling-keys",
+        "a CPU task with another volcano.sh key beside preemptable",
+        pinned_task(
+            change=lambda j: j["spec"]["tasks"][0]["template"]["metadata"][
+                "annotations"
+            ].__setitem__("volcano.sh/task-priority", "1000000")
+        ),
         False,
     ),
     (

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.policy.cel import evaluate
-from tests.policy.test_equivalence import CONFIG, NAMESPACE, demo_job, trainer
+from tests.policy.test_equivalence import CONFIG, NAMESPACE, demo_job, pinned_task, trainer
 from trainstack.policy.admission import POLICY_PREFIX, admission_policies, judged
 from trainstack.policy.rules import K8S_RULES, MAX_DURATION_ANNOTATION, judged_on_update
 from trainstack.preview.plan import Plan
@@ -138,3 +138,27 @@ def test_an_update_of_what_a_rule_reads_is_judged(
     new = copy.deepcopy(job)
     new_image(new)
     assert not evaluate(tighter["pinned-images"], new, TIGHTER_NAMESPACE, old=job)
+
+
+def test_scaling_up_the_task_that_opts_out_of_preemption_is_refused(job: dict[str, Any]) -> None:
+    """Issue 43: a job's one-replica CPU task may carry `volcano.sh/preemptable: "false"`
+    (the rendezvous pod); Volcano lets an UPDATE change a task's replicas (admit_job.go
+    validateJobUpdate), and scaling that task up would make many unreclaimable pods of it.
+    Scaling the job's other tasks stays allowed."""
+    policy = next(
+        m
+        for m in admission_policies(CONFIG, "test")
+        if m["kind"] == "ValidatingAdmissionPolicy"
+        and m["metadata"]["name"] == f"{POLICY_PREFIX}scheduling-keys"
+    )
+    rule = next(r for r in K8S_RULES if r.name == "scheduling-keys")
+    old = copy.deepcopy(job)
+    pinned_task()(old)
+    assert not rule.check(old, CONFIG)
+    assert evaluate(policy, old, NAMESPACE)
+    for task, replicas, admitted in (("rendezvous", 2, False), ("master", 2, True)):
+        new = copy.deepcopy(old)
+        next(t for t in new["spec"]["tasks"] if t["name"] == task)["replicas"] = replicas
+        assert (not rule.check(new, CONFIG)) is admitted, task
+        assert judged_on_update(rule.name, old, new)
+        assert evaluate(policy, new, NAMESPACE, old=old) is admitted, task

@@ -18,6 +18,11 @@ from trainstack.policy.isolation import (
     DATASETS_CLAIM,
     GPU_TAINT_KEY,
     HEALTH_TAINT_KEY,
+    PINNED_CPU_LIMIT,
+    PINNED_KEY,
+    PINNED_MEMORY_LIMIT,
+    PINNED_RESOURCES,
+    PINNED_VALUE,
     PLUGINS,
     POOL_LABEL,
     PYTORCH_ARG,
@@ -113,18 +118,54 @@ def _reserved(key: str) -> str:
     return f"({prefixes} || {key} in {_list(SCHEDULING_KEYS)})"
 
 
-def _scheduling_keys() -> str:
-    """rules.scheduling_keys: the Job's and its templates' labels and annotations."""
+def _pinned_container(c: str) -> str:
+    """isolation._pinned_pod over one container `c`: no DRA claim, cpu and memory alone,
+    limits of both within the bounds (Kubernetes' quantity library; isQuantity first, so
+    that an unparsable value is refused with the rule's message, not an evaluation error)."""
+    res, allowed = f"{c}.resources", _list(PINNED_RESOURCES)
+    bounds = " && ".join(
+        f"{_str(k)} in {res}.limits && isQuantity(string({res}.limits[{_str(k)}])) && "
+        f"quantity(string({res}.limits[{_str(k)}])).compareTo(quantity({_str(bound)})) <= 0"
+        for k, bound in (("cpu", PINNED_CPU_LIMIT), ("memory", PINNED_MEMORY_LIMIT))
+    )
+    return (
+        f"has({res}) && !has({res}.claims) && "
+        f"(!has({res}.requests) || {res}.requests.all(k, k in {allowed})) && "
+        f"has({res}.limits) && {res}.limits.all(k, k in {allowed}) && {bounds}"
+    )
 
-    def clean(meta: str) -> str:
+
+def _pinned_task(t: str) -> str:
+    """isolation._pinned_pod: task `t` is one replica of a small CPU pod."""
+    pod = f"{t}.template.spec"
+    return (
+        f"has({t}.replicas) && {t}.replicas == 1 && !has({pod}.resourceClaims) && "
+        f"!has({pod}.resources) && size({pod}.containers) == 1 && "
+        f"{pod}.containers.all(c, {_pinned_container('c')}) && "
+        f"(!has({pod}.initContainers) || {pod}.initContainers.all(c, "
+        f"!has(c.restartPolicy) && {_pinned_container('c')}))"
+    )
+
+
+def _scheduling_keys() -> str:
+    """rules.scheduling_keys: the Job's and its templates' labels and annotations, but
+    PINNED_KEY: "false" in the template annotations of at most one task, a small CPU pod."""
+
+    def clean(meta: str, exempt: str = "") -> str:
         return " && ".join(
-            f"(!has({meta}.{kind}) || {meta}.{kind}.all(k, !{_reserved('k')}))"
+            f"(!has({meta}.{kind}) || {meta}.{kind}.all(k, !{_reserved('k')}"
+            f"{exempt if kind == 'annotations' else ''}))"
             for kind in ("labels", "annotations")
         )
 
+    key = _str(PINNED_KEY)
+    ann = "t.template.metadata.annotations"
+    pinned = f"has(t.template.metadata) && has({ann}) && {key} in {ann}"
     return (
         f"{clean('object.metadata')} && object.spec.tasks.all(t, "
-        f"!has(t.template.metadata) || ({clean('t.template.metadata')}))"
+        f"!has(t.template.metadata) || ({clean('t.template.metadata', f' || k == {key}')})) && "
+        f"object.spec.tasks.all(t, !({pinned}) || ({ann}[{key}] == {_str(PINNED_VALUE)} && "
+        f"{_pinned_task('t')})) && size(object.spec.tasks.filter(t, {pinned})) <= 1"
     )
 
 

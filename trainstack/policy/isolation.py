@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainstack.contracts import health
-from trainstack.policy.objects import Config, as_map, as_seq, containers, pods
+from trainstack.policy.objects import Config, as_map, as_seq, containers, pods, quantity
 
 GPU_TAINT_KEY = "nvidia.com/gpu"
 HEALTH_TAINT_KEY = health.TAINT_KEY
@@ -246,20 +246,143 @@ def _metadata_keys(meta: Mapping[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+# Issue 43: the one exception, for an elastic job's rendezvous pod (jobs/render.py), which
+# hosts the c10d store every worker depends on. Volcano v1.15.1 offers a single per-pod way
+# off the victim lists: GetPodPreemptable (pkg/scheduler/api/pod_info.go lines 124-150) reads
+# the pod's `volcano.sh/preemptable` annotation, then its label (strconv.ParseBool; a value
+# that does not parse counts as false), and NewTaskInfo (api/job_info.go line 195) keeps it
+# as TaskInfo.Preemptable; the preempt action's victim filters (actions/preempt/preempt.go
+# lines 207 and 268, which both its node-walking and its topology-aware paths apply, lines
+# 357 and 749) and the reclaim action (actions/reclaim/reclaim.go line 189) drop a task
+# whose Preemptable is false before any plugin is asked. Without it the gang plugin, which
+# counts a job's ready pods and not their roles (plugins/gang/gang.go lines 97-129, its
+# preemptable and reclaimable function), may take the store as readily as a surplus worker,
+# and losing it restarts every worker. The controller builds each pod from its template's
+# labels and annotations (pkg/controllers/job/job_controller_util.go createJobPod, lines
+# 46-59) and the PodGroup from the Job's alone (job_controller_actions.go
+# createOrUpdatePodGroup, line 811), so the job-level JobInfo.Preemptable (job_info.go
+# extractPreemptable, read by the tdm plugin and the gangpreempt and gangreclaim actions
+# only, none of which the platform enables: builders/scheduling.scheduler_config) does not
+# change; the PodGroup controller, which copies a pod's key onto a PodGroup it creates
+# (pkg/controllers/podgroup/pg_controller_handler.go line 404), skips pods that already
+# name theirs, as a Job's do (pg_controller.go lines 167-170).
+#
+# Why this is safe, from what it gives a hostile member at most. The key is allowed in a
+# task template's annotations only (never a label, never on the Job, whose keys reach every
+# pod and the PodGroup), with exactly "false", on one task per job, of one replica (every
+# UPDATE is judged: scaling that task up is refused), whose pod has one container, no
+# sidecar, no DRA claim, no pod-level resources, no resource but cpu and memory, and limits
+# of at most PINNED_CPU_LIMIT CPU and PINNED_MEMORY_LIMIT memory in every container (init
+# containers run one at a time before the container, so the pod's effective request and
+# limit stay within them; requests <= limits is the API server's own validation). So: one
+# pod per job that preempt and reclaim never take, of at most 1 CPU and 1 GiB; how many the
+# team runs is bounded by its queue's capability in cpu and memory and its namespace's
+# ResourceQuota. Never a GPU, EFA, RDMA device or hugepage: GPUs are given back as before.
+# What it does not bound: where the pod runs. Like any CPU task of a GPU job it may
+# tolerate the GPU taint (gpu_placement), so a job's one unreclaimable small pod may sit on
+# a GPU node until the job ends (max-duration), holding that CPU and memory there.
+PINNED_KEY = "volcano.sh/preemptable"
+PINNED_VALUE = "false"
+PINNED_RESOURCES = ("cpu", "memory")
+PINNED_CPU_LIMIT = "1"
+PINNED_MEMORY_LIMIT = "1Gi"
+PINNED_BOUNDS = {"cpu": PINNED_CPU_LIMIT, "memory": PINNED_MEMORY_LIMIT}
+PINNED_ONLY = (
+    "only a one-replica CPU pod (one container, cpu <= "
+    f"{PINNED_CPU_LIMIT}, memory <= {PINNED_MEMORY_LIMIT}, no devices) may opt out of "
+    "preemption"
+)
+
+
+def _beyond(value: object, bound: str) -> str | None:
+    """Why the quantity `value` is not at most `bound`; None when it is. `quantity` is the
+    rules' parser (objects.py), the one the CEL twin's tests evaluate `quantity()` with."""
+    try:
+        if quantity(value) <= quantity(bound):
+            return None
+    except ValueError:
+        return "not a quantity"
+    return f"more than {bound}"
+
+
+def _pinned_pod(task: Mapping[str, Any]) -> list[str]:
+    """What keeps a task from opting out of preemption: why its pod is no small CPU pod."""
+    found = []
+    replicas = task.get("replicas")
+    number = isinstance(replicas, int | float) and not isinstance(replicas, bool)
+    if not number or replicas != 1:
+        # A number as the API server writes it: CrossGuard hands a policy floats (objects.py).
+        shown = f"{replicas:g}" if number else "unset" if replicas is None else repr(replicas)
+        found.append(f"a task of {shown} replicas")
+    pod = as_map(as_map(task.get("template")).get("spec"))
+    if "resourceClaims" in pod:
+        found.append("a pod with resourceClaims")
+    if "resources" in pod:
+        found.append("a pod with pod-level resources")
+    main = as_seq(pod.get("containers"))
+    if len(main) != 1:
+        found.append(f"a pod of {len(main)} containers")
+    for c in (as_map(x) for x in as_seq(pod.get("initContainers"))):
+        if "restartPolicy" in c:
+            found.append(
+                f"a pod with sidecar {c.get('name')} (an init container that keeps running)"
+            )
+    for c in containers(pod):
+        name = c.get("name")
+        res = as_map(c.get("resources"))
+        if "claims" in res:
+            found.append(f"a pod whose container {name} has resources.claims")
+        requests, limits = as_map(res.get("requests")), as_map(res.get("limits"))
+        for key in sorted({*requests, *limits} - set(PINNED_RESOURCES), key=str):
+            found.append(f"a pod that requests {key}")
+        for key in PINNED_RESOURCES:
+            bound = PINNED_BOUNDS[key]
+            if key not in limits:
+                found.append(f"a pod whose container {name} has no {key} limit")
+            elif (why := _beyond(limits[key], bound)) is not None:
+                found.append(
+                    f"a pod whose container {name} has a {key} limit of {limits[key]} ({why})"
+                )
+    return found
+
+
 def scheduling_keys(job: Mapping[str, Any], cfg: Config) -> list[str]:
-    """Issue 37 #3: no Volcano scheduling key on the Job or its task templates."""
+    """Issue 37 #3: no Volcano scheduling key on the Job or its task templates; issue 43:
+    but `volcano.sh/preemptable: "false"` in the template annotations of one small CPU task
+    (PINNED_KEY above)."""
     del cfg
     found = [
         f"the job's {kind} carry {key}, which Volcano reads to schedule or preempt"
         for kind, key in _metadata_keys(as_map(job.get("metadata")))
     ]
+    pinned = []
     for task in (as_map(t) for t in as_seq(as_map(job.get("spec")).get("tasks"))):
+        name = task.get("name", "?")
         meta = as_map(as_map(task.get("template")).get("metadata"))
         found += [
-            f"task {task.get('name', '?')}: template {kind} carry {key}, which Volcano reads "
-            "to schedule or preempt"
+            f"task {name}: template {kind} carry {key}, which Volcano reads to schedule or preempt"
             for kind, key in _metadata_keys(meta)
+            if not (kind == "annotations" and key == PINNED_KEY)
         ]
+        annotations = as_map(meta.get("annotations"))
+        if PINNED_KEY not in annotations:
+            continue
+        pinned.append(str(name))
+        value = annotations[PINNED_KEY]
+        if value != PINNED_VALUE:
+            found.append(
+                f"task {name}: template annotations carry {PINNED_KEY}: {value!r}; the only "
+                f"value allowed is {PINNED_VALUE!r}, and {PINNED_ONLY}"
+            )
+        found += [
+            f"task {name}: template annotations carry {PINNED_KEY} on {why}; {PINNED_ONLY}"
+            for why in _pinned_pod(task)
+        ]
+    if len(pinned) > 1:
+        found.append(
+            f"tasks {', '.join(pinned)}: {len(pinned)} templates carry {PINNED_KEY}; at most "
+            "one task of a job may opt out of preemption"
+        )
     return found
 
 

@@ -19,6 +19,10 @@ from trainstack.config.images import (
 )
 from trainstack.policy.aws_rules import AWS_RULES
 from trainstack.policy.isolation import (
+    PINNED_CPU_LIMIT,
+    PINNED_KEY,
+    PINNED_MEMORY_LIMIT,
+    PINNED_VALUE,
     gpu_placement,
     health_gate,
     job_plugins,
@@ -321,8 +325,12 @@ K8S_RULES: tuple[Rule, ...] = (
          (VOLCANO_JOB,), job_volumes),
     Rule("scheduling-keys",
          "no Volcano scheduling keys (volcano.sh/, scheduling.volcano.sh/, "
-         "scheduling.k8s.io/) on the job or its task templates",
-         "remove them; priority and preemptibility come from the job spec's priority class",
+         "scheduling.k8s.io/) on the job or its task templates, but "
+         f"{PINNED_KEY}: \"{PINNED_VALUE}\" in the template annotations of one small CPU task",
+         "remove them; priority and preemptibility come from the job spec's priority class "
+         f"({PINNED_KEY}: \"{PINNED_VALUE}\" only on one task of one replica, one container, "
+         f"cpu and memory only, limits at most {PINNED_CPU_LIMIT} CPU and "
+         f"{PINNED_MEMORY_LIMIT}: an elastic job's rendezvous pod)",
          (VOLCANO_JOB,), scheduling_keys),
     Rule("job-plugins", "only the platform's job plugins, with its arguments",
          "use the plugins env, svc (--disable-network-policy=true) and pytorch (--master, "
