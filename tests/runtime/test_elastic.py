@@ -1,12 +1,12 @@
 """Elastic jobs (issue 43): the rendered contract, the batch arithmetic, and real resizes.
 
-An elastic job's pods get ``PET_NNODES=MIN:MAX``, ``PET_RDZV_BACKEND=c10d``,
-``PET_RDZV_ENDPOINT=<job>-master-0.<job>:23456`` and ``TRAINSTACK_RDZV_STORE_HOST`` (1 on
-the master task's pod 0), beside the pod counts Volcano's pytorch plugin sets at creation
-(MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK), stale once the job resizes. The real runs below
-start one supervisor per "pod" on localhost with that environment (gloo, one worker each) and
-run tests/runtime/elastic_train.py, which logs the dataset indices every rank reads and dumps
-the model and optimizer state it restored (docs/runtime.md, "Elastic jobs").
+An elastic job's worker pods get ``PET_NNODES=MIN:MAX``, ``PET_RDZV_BACKEND=c10d``,
+``PET_RDZV_ENDPOINT=<job>-rendezvous-0.<job>:23456`` and ``TRAINSTACK_RDZV_STORE_HOST=0``:
+the store is hosted by the job's rendezvous pod (trainstack_runtime.rendezvous), which Volcano
+never preempts, not by a worker. The real runs below start that store and one supervisor per
+"pod" on localhost with that environment (gloo, one worker each) and run
+tests/runtime/elastic_train.py, which logs the dataset indices every rank reads and dumps the
+model and optimizer state it restored (docs/runtime.md, "Elastic jobs").
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path
@@ -37,19 +38,17 @@ from tests.runtime.harness import (
 )
 
 SCRIPT = Path(__file__).with_name("elastic_train.py")
-ENDPOINT = "job-master-0.job:23456"
-# What the rendered Volcano Job gives pod 1 of the worker task of an elastic job of 1 to 3
-# nodes created with two pods.
+ENDPOINT = "job-rendezvous-0.job:23456"
+# What the rendered Volcano Job gives a worker pod of an elastic job of 1 to 3 nodes.
 RENDERED = {
     "PET_NNODES": "1:3",
     "PET_RDZV_BACKEND": "c10d",
     "PET_RDZV_ENDPOINT": ENDPOINT,
     "TRAINSTACK_RDZV_STORE_HOST": "0",
-    "MASTER_ADDR": "job-master-0.job",
-    "MASTER_PORT": "23456",
-    "WORLD_SIZE": "2",
-    "RANK": "1",
 }
+# What Volcano's pytorch plugin gives pod 1 of a job of two pods (a fixed gang's contract).
+POD_VARS = {"MASTER_ADDR": "job-master-0.job", "MASTER_PORT": "23456", "WORLD_SIZE": "2",
+            "RANK": "1"}  # fmt: skip
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
 
 
@@ -63,9 +62,9 @@ needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed"
             id="worker",
         ),
         pytest.param(
-            {**RENDERED, "TRAINSTACK_RDZV_STORE_HOST": "1", "RANK": "0"},
+            {**RENDERED, "TRAINSTACK_RDZV_STORE_HOST": "1"},
             NodePlan((1, 3), None, 2, "c10d", ENDPOINT, "trainstack", "pet", store_host=True),
-            id="master",
+            id="hosting-pod",
         ),
         pytest.param(
             {k: v for k, v in RENDERED.items() if k != "TRAINSTACK_RDZV_STORE_HOST"},
@@ -110,6 +109,10 @@ def test_launch_config_hands_torch_the_store_host_and_the_timeouts() -> None:
     assert (config.min_nodes, config.max_nodes, config.rdzv_backend) == (1, 3, "c10d")
     assert config.rdzv_endpoint == ENDPOINT
     assert config.rdzv_configs["is_host"] is True
+    assert "read_timeout" not in config.rdzv_configs  # the host does not connect
+    client = launch_config(node_plan(RENDERED), max_restarts=3, shutdown_timeout=30)
+    # A worker waits for the rendezvous pod as long as for its peers: torch's join timeout.
+    assert (client.rdzv_configs["is_host"], client.rdzv_configs["read_timeout"]) == (False, 600)
     assert config.rdzv_configs["join_timeout"] == 900
     assert "last_call_timeout" not in config.rdzv_configs  # torch's 30 s
 
@@ -117,7 +120,7 @@ def test_launch_config_hands_torch_the_store_host_and_the_timeouts() -> None:
 def test_the_store_host_of_an_implied_static_plan() -> None:
     """With restarts, a plan from pod-level variables is hosted by node rank 0, unless the
     platform says which pod hosts the store."""
-    pod = {k: RENDERED[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")}
+    pod = dict(POD_VARS)
     assert restartable(node_plan(pod), 1, pod).store_host is False
     told = {**pod, "TRAINSTACK_RDZV_STORE_HOST": "1"}
     assert restartable(node_plan(told), 1, told).store_host is True
@@ -241,6 +244,36 @@ def test_elastic_workers_never_share_the_agents_store(
 MICRO, DATASET = 4, 96  # 96 splits into whole micro-batches on 1, 2 and 3 workers
 
 
+def start_store(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """The job's rendezvous pod: trainstack_runtime.rendezvous on a free port (output in
+    ``tmp_path/rendezvous.out``), once it listens."""
+    out_path = tmp_path / "rendezvous.out"
+    port = free_port()
+    cmd = [sys.executable, "-m", "trainstack_runtime.rendezvous", "--port", str(port)]
+    with open(out_path, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=out)
+    try:
+        wait_for(
+            lambda: (
+                f"listening on port {port}" in out_path.read_text(errors="replace")
+                or proc.poll() is not None
+            ),
+            60,
+            "the rendezvous store",
+        )
+        assert proc.poll() is None, out_path.read_text(errors="replace")
+    except BaseException:
+        kill_all([proc])
+        raise
+    return proc, port
+
+
+def stop_store(store: subprocess.Popen[bytes]) -> None:
+    """Volcano's SIGTERM when the job ends: the store exits 0."""
+    store.send_signal(signal.SIGTERM)
+    assert store.wait(timeout=30) == 0
+
+
 def start_pods(
     tmp_path: Path,
     pods: range,
@@ -250,44 +283,45 @@ def start_pods(
     max_restarts: int,
     nnodes: str = "1:3",
     **env: str,
-) -> list[subprocess.Popen[bytes]]:
+) -> dict[int, subprocess.Popen[bytes]]:
     """Supervisors of one worker each with an elastic job's environment, on one checkpoint
-    volume; pod 0 hosts the rendezvous store. Output in ``tmp_path/pod<N>.out``."""
-    procs = []
+    volume, all clients of the rendezvous store on ``port`` (start_store), as the rendered
+    job's workers are. Output in ``tmp_path/pod<N>.out``."""
+    procs = {}
     for pod in pods:
         workdir = tmp_path / f"pod{pod}"
         pod_env = job_env(
             workdir,
-            PET_NNODES=nnodes,
-            PET_RDZV_BACKEND="c10d",
-            PET_RDZV_ENDPOINT=f"127.0.0.1:{port}",
-            TRAINSTACK_RDZV_STORE_HOST="1" if pod == 0 else "0",
-            TRAINSTACK_RDZV_LAST_CALL_TIMEOUT_S="3",
-            TRAINSTACK_RDZV_JOIN_TIMEOUT_S="120",
-            # Volcano's pytorch plugin counts the pods at creation: stale, PET_* win.
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            WORLD_SIZE=str(len(pods)),
-            RANK=str(pod),
-            TRAINSTACK_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
-            **env,
+            **{
+                "PET_NNODES": nnodes,
+                "PET_RDZV_BACKEND": "c10d",
+                "PET_RDZV_ENDPOINT": f"127.0.0.1:{port}",
+                "TRAINSTACK_RDZV_STORE_HOST": "0",
+                "TRAINSTACK_RDZV_LAST_CALL_TIMEOUT_S": "3",
+                "TRAINSTACK_RDZV_JOIN_TIMEOUT_S": "120",
+                "TRAINSTACK_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+                **env,
+            },
         )
         cmd = supervisor_cmd(workdir, nproc=1, max_restarts=max_restarts)
         cmd = [*cmd[: cmd.index(str(TRAIN_SCRIPT))], str(SCRIPT), "--", *args]
         cmd += ["--log", str(tmp_path / "log"), "--dump", str(tmp_path / "dump")]
         workdir.mkdir(parents=True, exist_ok=True)
         with open(tmp_path / f"pod{pod}.out", "ab") as out:
-            procs.append(subprocess.Popen(cmd, env=pod_env, stdout=out, stderr=out))
+            procs[pod] = subprocess.Popen(cmd, env=pod_env, stdout=out, stderr=out)
     return procs
 
 
-def finish(tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+def finish(
+    tmp_path: Path, procs: dict[int, subprocess.Popen[bytes]], store: subprocess.Popen[bytes]
+) -> None:
     try:
-        for p in procs:
+        for p in procs.values():
             p.wait(timeout=300)
+        stop_store(store)
     finally:
-        kill_all(procs)
-    for pod, p in enumerate(procs):
+        kill_all([*procs.values(), store])
+    for pod, p in procs.items():
         out = (tmp_path / f"pod{pod}.out").read_text(errors="replace")
         assert p.returncode == ExitCode.OK, out[-3000:]
 
@@ -407,10 +441,13 @@ def test_a_job_resized_from_2_to_3_to_1_workers_across_restarts(tmp_path: Path, 
     checkpoints = {}
     for world, steps in phases:
         args = ["--steps", str(steps[-1]), "--worlds", str(world)]
-        finish(
-            tmp_path,
-            start_pods(tmp_path, range(world), free_port(), args, max_restarts=3, **env),
-        )
+        store, port = start_store(tmp_path)  # each run of the job has a rendezvous pod
+        try:
+            pods = start_pods(tmp_path, range(world), port, args, max_restarts=3, **env)
+        except BaseException:
+            kill_all([store])
+            raise
+        finish(tmp_path, pods, store)
         checkpoints[steps[-1]] = snapshot(tmp_path, steps[-1])
     import torch  # noqa: PLC0415
 
@@ -453,38 +490,40 @@ def test_a_job_resized_from_2_to_3_to_1_workers_across_restarts(tmp_path: Path, 
 
 def resize_after_step_5(
     tmp_path: Path, old: int, new: int, *, max_restarts: int
-) -> tuple[list[subprocess.Popen[bytes]], Any]:
+) -> tuple[dict[int, subprocess.Popen[bytes]], subprocess.Popen[bytes], Any]:
     """Pods of a job of PET_NNODES=2:3 meant to run steps 1-5 on ``old`` workers and 6-12
     on ``new``: ``old`` pods start; once they committed the checkpoint of step 5, pods join
-    up to ``new``, or the last ones get the kubelet's SIGTERM and exit 203 (preempted). The
-    pods left running and that checkpoint, as DCP reads it."""
-    port = free_port()
+    up to ``new``, or the first ones to start get the kubelet's SIGTERM and exit 203
+    (preempted). The pods left running, the rendezvous store, and that checkpoint as DCP
+    reads it."""
+    store, port = start_store(tmp_path)
     args = ["--steps", "12", "--worlds", f"{old},{new}", "--switch-at", "5"]
     procs = start_pods(tmp_path, range(old), port, args, max_restarts=max_restarts, nnodes="2:3")
     try:
-        assert wait_for_checkpoint(tmp_path, 5, procs)["world_size"] == old
+        assert wait_for_checkpoint(tmp_path, 5, list(procs.values()))["world_size"] == old
         ckpt = snapshot(tmp_path, 5)
         more = range(old, new)
-        procs += start_pods(tmp_path, more, port, args, max_restarts=max_restarts, nnodes="2:3")
-        for pod in range(new, old):
-            procs[pod].send_signal(signal.SIGTERM)
-            procs[pod].wait(timeout=120)
+        procs |= start_pods(tmp_path, more, port, args, max_restarts=max_restarts, nnodes="2:3")
+        for pod in range(old - new):
+            lost = procs.pop(pod)
+            lost.send_signal(signal.SIGTERM)
+            lost.wait(timeout=120)
             out = (tmp_path / f"pod{pod}.out").read_text()
-            assert procs[pod].returncode == ExitCode.PREEMPTED, out[-3000:]
+            assert lost.returncode == ExitCode.PREEMPTED, out[-3000:]
     except BaseException:
-        kill_all(procs)
+        kill_all([*procs.values(), store])
         raise
-    return procs[:new], ckpt
+    return procs, store, ckpt
 
 
 def assert_resized_after_step_5(
-    tmp_path: Path, ckpt: Any, old: int, new: int
+    tmp_path: Path, ckpt: Any, old: int, new: int, survivors: list[int]
 ) -> list[dict[str, Any]]:
     """Steps 1-5 ran on ``old`` workers, 6-12 on ``new``, which restored the checkpoint of
     step 5 (``ckpt``) on every rank; of epoch 0, read on both, nothing was skipped and 4
     samples were read twice (the docs' count: 5 x 4 x ``old`` samples read before), of
     epoch 1 none. The log's records."""
-    for pod in range(min(old, new)):  # the pods that ran on
+    for pod in survivors:  # the pods that ran on
         out = (tmp_path / f"pod{pod}.out").read_text()
         assert f"resumed on {new} ranks from a checkpoint of {old}" in out, out[-3000:]
     assert_restored(tmp_path, 5, new, ckpt)
@@ -505,9 +544,9 @@ def test_a_third_node_joins_a_running_job(tmp_path: Path) -> None:
     the next round, the two running agents see it (``num_nodes_waiting``), stop their workers
     and start them again at world size 3, which resume from that checkpoint: the same two
     supervisors, without spending a restart, then all three train to the end."""
-    procs, ckpt = resize_after_step_5(tmp_path, 2, 3, max_restarts=0)
-    finish(tmp_path, procs)
-    records = assert_resized_after_step_5(tmp_path, ckpt, 2, 3)
+    procs, store, ckpt = resize_after_step_5(tmp_path, 2, 3, max_restarts=0)
+    finish(tmp_path, procs, store)
+    records = assert_resized_after_step_5(tmp_path, ckpt, 2, 3, survivors=[0, 1])
     assert {r["restarts"] for r in records} == {0}  # TORCHELASTIC_RESTART_COUNT
 
 
@@ -515,14 +554,41 @@ def test_a_third_node_joins_a_running_job(tmp_path: Path) -> None:
 @pytest.mark.faults
 def test_a_job_keeps_training_after_losing_a_node(tmp_path: Path) -> None:
     """Three pods train at world size 3 (PET_NNODES=2:3, a restart budget of 1); after the
-    checkpoint of step 5 the kubelet's SIGTERM reaches pod 2 (an eviction: a lender's reclaim,
-    a spot node going away). All ranks stop at the same step and exit 203; pod 2's supervisor
-    exits 203 (preempted) and leaves the rendezvous open (torch/distributed/launcher/api.py
-    launch_agent: no shutdown of it on a signal); the other two agents count a failed worker
-    group, restart it in a round of the two nodes left, spending their one restart, and
-    training resumes from that checkpoint at world size 2."""
-    procs, ckpt = resize_after_step_5(tmp_path, 3, 2, max_restarts=1)
-    finish(tmp_path, procs)
-    records = assert_resized_after_step_5(tmp_path, ckpt, 3, 2)
+    checkpoint of step 5 the kubelet's SIGTERM reaches pod 0, the first to join (an eviction:
+    a lender's reclaim, a spot node going away). All ranks stop at the same step and exit
+    203; pod 0's supervisor exits 203 (preempted) and leaves the rendezvous open
+    (torch/distributed/launcher/api.py launch_agent: no shutdown of it on a signal); the other
+    two agents count a failed worker group, restart it in a round of the two nodes left,
+    spending their one restart, and training resumes from that checkpoint at world size 2.
+    Which pod goes does not matter: the store is the rendezvous pod's (a store hosted by pod 0
+    went with it, and the others could not re-form)."""
+    procs, store, ckpt = resize_after_step_5(tmp_path, 3, 2, max_restarts=1)
+    finish(tmp_path, procs, store)
+    records = assert_resized_after_step_5(tmp_path, ckpt, 3, 2, survivors=[1, 2])
     assert {r["restarts"] for r in records if r["world"] == 3} == {0}
     assert {r["restarts"] for r in records if r["world"] == 2} == {1}
+
+
+@needs_torch
+@pytest.mark.faults
+def test_a_node_left_below_the_minimum_exits_below_minimum(tmp_path: Path) -> None:
+    """One pod of a job of PET_NNODES=2:3 waits for a second that never comes (reclaim took
+    the rest of the job below its minimum): after the join timeout its supervisor exits 206
+    (`below_minimum`), which restarts the whole job as a gang, even from the worker task
+    (jobs/lifecycle.py WHOLE_JOB_EXITS), and is not counted against maxRetries."""
+    store, port = start_store(tmp_path)
+    env = {"TRAINSTACK_RDZV_JOIN_TIMEOUT_S": "3", "TRAINSTACK_MAX_FAILURES": "0",
+           "TRAINSTACK_JOB_RETRY": "0", "TRAINSTACK_JOB_INSTANCE": "job-1"}  # fmt: skip
+    args = ["--steps", "2", "--worlds", "2"]
+    pods = start_pods(tmp_path, range(1), port, args, max_restarts=1, nnodes="2:3", **env)
+    try:
+        assert pods[0].wait(timeout=120) == ExitCode.BELOW_MINIMUM, (
+            tmp_path / "pod0.out"
+        ).read_text()[-3000:]
+        stop_store(store)
+    finally:
+        kill_all([*pods.values(), store])
+    verdict = json.loads((tmp_path / "pod0" / "termination-log").read_text())
+    assert verdict["class"] == "below_minimum"
+    assert "minimum of 2 nodes" in verdict["cause"]
+    assert not list((tmp_path / "ckpt").glob(".trainstack-failures*/*"))  # not a failure

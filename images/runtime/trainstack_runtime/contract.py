@@ -31,6 +31,9 @@ class ExitCode(IntEnum):
     CRASH = 205  # SIGSEGV/SIGBUS, illegal memory access, launch failure: retried, a few times
     CRASH_LOOP = 5  # crashed again without a new checkpoint, beyond the limit: do not retry
     RETRIES_EXHAUSTED = 6  # failed in more incarnations than the job's maxRetries: do not retry
+    # The c10d rendezvous could not gather its minimum of nodes within the join timeout (an
+    # elastic job that lost workers below its minimum): restart the whole job, as a gang.
+    BELOW_MINIMUM = 206
 
 
 RETRYABLE: Final[frozenset[ExitCode]] = frozenset(
@@ -42,6 +45,7 @@ RETRYABLE: Final[frozenset[ExitCode]] = frozenset(
         ExitCode.PREEMPTED,
         ExitCode.PEER_LOST,
         ExitCode.CRASH,
+        ExitCode.BELOW_MINIMUM,
     }
 )
 FATAL: Final[frozenset[ExitCode]] = frozenset(
@@ -71,6 +75,7 @@ EXIT_CLASS: Final[dict[ExitCode, str]] = {
     ExitCode.CRASH: "crash",
     ExitCode.CRASH_LOOP: "crash_loop",
     ExitCode.RETRIES_EXHAUSTED: "retries_exhausted",
+    ExitCode.BELOW_MINIMUM: "below_minimum",
 }
 
 # Codes after which the node itself is suspect (the job layer may cordon it).
@@ -129,8 +134,9 @@ ENV_COMM_TIMEOUT_S: Final = "TRAINSTACK_COMM_TIMEOUT_S"
 ENV_NPROC_PER_NODE: Final = "TRAINSTACK_NPROC_PER_NODE"
 ENV_MAX_RESTARTS: Final = "TRAINSTACK_MAX_RESTARTS"
 # Elastic jobs (PET_NNODES=MIN:MAX, PET_RDZV_BACKEND=c10d; docs/runtime.md "Elastic jobs"):
-# "1" on the one pod that hosts the c10d rendezvous store (the pod PET_RDZV_ENDPOINT names, the
-# master task's pod 0), "0" on every other. Unset, torch guesses from the endpoint's host name.
+# "1" on the one pod that hosts the c10d rendezvous store (the pod PET_RDZV_ENDPOINT names), "0"
+# on every other: rendered "0" on every worker, the store being the job's rendezvous pod's
+# (rendezvous.py). Unset, torch guesses from the endpoint's host name.
 ENV_RDZV_STORE_HOST: Final = "TRAINSTACK_RDZV_STORE_HOST"
 # The c10d rendezvous' timeouts, whole seconds (torch's join_timeout and last_call_timeout,
 # defaults 600 and 30): how long a node waits for MIN nodes, and how long a round waits for

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from . import elastic, evidence
@@ -66,6 +67,8 @@ from .topology import NodePlan, TopologyError, node_plan, restartable
 
 log = logging.getLogger("trainstack.supervisor")
 FLIGHT_RECORDER_DIR = "flight-recorder"
+# torch's default join timeout (dynamic_rendezvous.py RendezvousTimeout._DEFAULT_TIMEOUTS).
+RDZV_JOIN_TIMEOUT_S_TORCH = 600
 CGROUP = Path("/sys/fs/cgroup")
 # torch reads the first, then the older name (c10d FlightRecorder.cpp, DebugInfoWriter::getWriter).
 FLIGHT_RECORDER_PREFIX_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
@@ -88,6 +91,15 @@ def supervise(config: LaunchConfig, argv: list[str], run_dir: Path) -> Outcome:
         return Outcome(ExitCode.PREEMPTED, cause=f"received {exc.sigval.name}")
     except ChildFailedError as exc:
         return classify_failures(exc.failures, run_dir)
+    except RendezvousTimeoutError as exc:
+        # The agent's join waited `join_timeout` for the round's minimum of nodes
+        # (dynamic_rendezvous.py _RendezvousJoinOp, ERROR_TIMEOUT): the job is below its
+        # minimum, and holding the nodes it has left only keeps them idle.
+        lo = config.min_nodes
+        return Outcome(
+            ExitCode.BELOW_MINIMUM,
+            cause=f"the rendezvous did not gather its minimum of {lo} nodes in time: {exc}",
+        )
     except Exception as exc:  # rendezvous or launcher failure before/between workers
         return Outcome(classify_text(repr(exc), default=ExitCode.COMM_ERROR), cause=repr(exc))
 
@@ -152,11 +164,16 @@ def _crash_budget(outcome: Outcome, run_dir: Path) -> Outcome:
     return outcome
 
 
+# Capacity taken away, not a failure of the job: a preemption, and an elastic job left below
+# its minimum by reclaim.
+NOT_FAILURES = frozenset({ExitCode.PREEMPTED, ExitCode.BELOW_MINIMUM})
+
+
 def _failure_budget(outcome: Outcome) -> Outcome:
     """A retryable failure counts against the job's maxRetries, once per incarnation; a
-    preemption never does (crashes.py). Without both variables (a pod not rendered by
-    trainstack, a run outside Volcano) Volcano's own maxRetry is the only bound."""
-    if outcome.code is ExitCode.PREEMPTED or not is_retryable(outcome.code):
+    preemption or a lost minimum never does (crashes.py). Without both variables (a pod not
+    rendered by trainstack, a run outside Volcano) Volcano's own maxRetry is the only bound."""
+    if outcome.code in NOT_FAILURES or not is_retryable(outcome.code):
         return outcome
     limit = _env_int(ENV_MAX_FAILURES, -1)
     incarnation = _env_int(ENV_JOB_RETRY, -1)
@@ -188,6 +205,13 @@ def launch_config(plan: NodePlan, *, max_restarts: int, shutdown_timeout: int) -
         # create_handler, which reads "<name>_timeout" as whole seconds).
         if plan.store_host is not None:
             rdzv_configs["is_host"] = plan.store_host
+        if plan.store_host is False:
+            # A client connects to the store for up to its read timeout, retrying while the
+            # host's name does not resolve or its port refuses (torch's TCPStore client):
+            # the rendezvous pod may start minutes after a worker (an image pull), and a
+            # worker that gave up after torch's 60 s would be restarted alone, spending a
+            # retry. As long as a node waits for the others to join.
+            rdzv_configs["read_timeout"] = plan.join_timeout_s or RDZV_JOIN_TIMEOUT_S_TORCH
         if plan.join_timeout_s is not None:
             rdzv_configs["join_timeout"] = plan.join_timeout_s
         if plan.last_call_timeout_s is not None:
