@@ -1,6 +1,6 @@
 """Elastic jobs (issue 43): the spec's range, the Volcano Job it renders, what updates in place
 and what the diff shows. Volcano's behaviour behind each rendered field is cited in
-trainstack/jobs/elastic.py and proved on the real scheduler by tests/e2e/test_elastic.py."""
+trainstack/jobs/elastic.py and proved on the real scheduler by tests/e2e/test_guarantees.py."""
 
 from __future__ import annotations
 
@@ -59,39 +59,63 @@ def test_the_gang_is_the_minimum_and_the_job_asks_for_its_size(view: PlatformVie
     spec = load_job(ELASTIC)
     assert spec.workers.scale == WorkerRange(2, 4, 4)
     manifest = render(spec, view, "vision")
-    # Volcano starts the job once minAvailable pods fit; the master's pod is one of them, and
-    # the worker task's own minimum keeps the rest of the gang (min - 1) among its pods.
-    assert manifest["spec"]["minAvailable"] == 2
-    assert tasks(manifest) == {"master": (1, 1), "worker": (3, 1)}
+    # Volcano starts the job once minAvailable pods fit: the rendezvous pod and `min` workers,
+    # each task's own minimum keeping its part of the gang.
+    assert manifest["spec"]["minAvailable"] == 3
+    assert tasks(manifest) == {"rendezvous": (1, 1), "worker": (4, 2)}
     smaller = render(resized(spec, 2, 4, size=3), view, "vision")
-    assert tasks(smaller) == {"master": (1, 1), "worker": (2, 1)}
-    assert smaller["spec"]["minAvailable"] == 2
+    assert tasks(smaller) == {"rendezvous": (1, 1), "worker": (3, 2)}
+    assert smaller["spec"]["minAvailable"] == 3
+    # Done once the minimum's workers are, whatever waits above it.
+    assert manifest["spec"]["minSuccess"] == 2
+    assert "minSuccess" not in render(load_job(DEMO), view, "vision")["spec"]
 
 
-def test_a_size_of_one_keeps_the_worker_task(view: PlatformView) -> None:
-    """Adding a task later would be refused by Volcano's update webhook: resizing from one
-    worker must stay an in-place update."""
+def test_a_size_of_one_is_one_worker_beside_the_store(view: PlatformView) -> None:
     spec = resized(load_job(ELASTIC), 1, 4, size=1)
     manifest = render(spec, view, "vision")
-    assert tasks(manifest) == {"master": (1, 1), "worker": (0, 0)}
-    assert manifest["spec"]["minAvailable"] == 1
+    assert tasks(manifest) == {"rendezvous": (1, 1), "worker": (1, 1)}
+    assert manifest["spec"]["minAvailable"] == 2
 
 
-def test_the_rendezvous_is_elastic_and_hosted_by_the_master(view: PlatformView) -> None:
+def test_the_workers_rendezvous_on_the_store_of_a_pod_of_its_own(view: PlatformView) -> None:
     spec = load_job(ELASTIC)
     manifest = render(spec, view, "vision")
-    master, worker = env(manifest, "master"), env(manifest, "worker")
-    for pod in (master, worker):
-        assert pod["PET_NNODES"] == "2:4"
-        assert pod["PET_RDZV_BACKEND"] == "c10d"
-        assert pod["PET_RDZV_ENDPOINT"] == "elastic-pretrain-master-0.elastic-pretrain:23456"
-        # A lost worker restarts the others in their pods: the spec's failures and
-        # preemptions are the budget.
-        assert pod["TRAINSTACK_MAX_RESTARTS"] == str(spec.max_retries + spec.max_preemptions)
-    assert (master["TRAINSTACK_RDZV_STORE_HOST"], worker["TRAINSTACK_RDZV_STORE_HOST"]) == (
-        "1",
-        "0",
-    )
+    worker = env(manifest, "worker")
+    assert worker["PET_NNODES"] == "2:4"
+    assert worker["PET_RDZV_BACKEND"] == "c10d"
+    assert worker["PET_RDZV_ENDPOINT"] == "elastic-pretrain-rendezvous-0.elastic-pretrain:23456"
+    assert worker["TRAINSTACK_RDZV_STORE_HOST"] == "0"  # no worker hosts it, rank 0 included
+    # A lost worker restarts the others in their pods: the spec's failures and preemptions
+    # are the budget.
+    assert worker["TRAINSTACK_MAX_RESTARTS"] == str(spec.max_retries + spec.max_preemptions)
+    # No pytorch plugin: its MASTER_ADDR/WORLD_SIZE/RANK would count pods, stale on a resize.
+    assert set(manifest["spec"]["plugins"]) == {"svc", "env"}
+
+
+def test_the_store_is_a_small_cpu_pod_that_volcano_never_preempts(view: PlatformView) -> None:
+    """Volcano v1.15.1 leaves a pod annotated `volcano.sh/preemptable: "false"` off every
+    preempt and reclaim victim list (api/pod_info.go GetPodPreemptable; reclaim.go,
+    preempt.go); the policy allows that only on a one-replica CPU pod within its bounds."""
+    spec = load_job(ELASTIC)
+    manifest = render(spec, view, "vision")
+    store = next(t for t in manifest["spec"]["tasks"] if t["name"] == "rendezvous")
+    pod = store["template"]
+    assert pod["metadata"]["annotations"]["volcano.sh/preemptable"] == "false"
+    (container,) = pod["spec"]["containers"]
+    assert container["command"] == [
+        "python", "-m", "trainstack_runtime.rendezvous", "--port", "23456",
+    ]  # fmt: skip
+    assert container["image"] == spec.image  # the runtime ships in the job's image
+    assert container["resources"] == {
+        "requests": {"cpu": "500m", "memory": "1Gi"},
+        "limits": {"cpu": "1", "memory": "1Gi"},
+    }
+    assert container["livenessProbe"]["tcpSocket"] == {"port": 23456}
+    assert not any(m["name"] in ("data", "dataset") for m in container["volumeMounts"])
+    # The workers are not exempt: reclaim takes them back.
+    worker = next(t for t in manifest["spec"]["tasks"] if t["name"] == "worker")
+    assert "volcano.sh/preemptable" not in worker["template"]["metadata"]["annotations"]
 
 
 def test_the_authors_env_cannot_break_the_rendezvous(view: PlatformView) -> None:
@@ -106,6 +130,7 @@ def test_a_fixed_job_renders_as_before(view: PlatformView) -> None:
     assert tasks(manifest) == {"master": (1, 1), "worker": (1, 1)}
     assert manifest["spec"]["minAvailable"] == 2
     assert not any(k.startswith("PET_") for k in env(manifest, "worker"))
+    assert "pytorch" in manifest["spec"]["plugins"]
 
 
 def test_size_changes_in_place_and_the_range_replaces(view: PlatformView) -> None:
@@ -149,29 +174,25 @@ def test_the_diff_shows_a_range_and_a_resize(view: PlatformView) -> None:
     assert (gpus.before, gpus.after) == ("16..24", "16..32")
 
 
-def test_every_pod_plans_the_same_elastic_world_hosted_by_the_master(
-    view: PlatformView,
-) -> None:
-    """The runtime's own planning (trainstack_runtime topology.node_plan), run on each pod's
-    environment as Volcano's plugins complete it: the PET_* range wins over the pytorch
-    plugin's WORLD_SIZE and RANK, which count the pods of one size."""
+def test_every_worker_plans_the_same_elastic_world_on_the_store(view: PlatformView) -> None:
+    """The runtime's own planning (trainstack_runtime topology.node_plan), run on each worker
+    pod's environment as Volcano's plugins complete it."""
     manifest = render(load_job(ELASTIC), view, "vision")
     job = manifest["metadata"]["name"]
     plans = {}
-    for task in manifest["spec"]["tasks"]:
-        for index in range(task["replicas"]):
-            pod = f"{job}-{task['name']}-{index}"
-            environ = volcano_env(manifest, task, index)
-            assert environ["WORLD_SIZE"] == "4"  # the plugin's, stale once the job resizes
-            plans[pod] = restartable(node_plan(environ, gpus=_gpus(task), hostname=pod), 13)
+    (worker,) = (t for t in manifest["spec"]["tasks"] if t["name"] == "worker")
+    for index in range(worker["replicas"]):
+        pod = f"{job}-worker-{index}"
+        environ = volcano_env(manifest, worker, index)
+        assert "WORLD_SIZE" not in environ
+        plans[pod] = restartable(node_plan(environ, gpus=_gpus(worker), hostname=pod), 13)
     assert len(plans) == 4
     assert {p.num_nodes for p in plans.values()} == {(2, 4)}
     assert {p.rdzv_backend for p in plans.values()} == {"c10d"}
     assert {p.node_rank for p in plans.values()} == {None}  # ranks come from the rendezvous
-    (host,) = (pod for pod, p in plans.items() if p.store_host)
-    assert host == f"{job}-master-0"
-    endpoint = next(iter(plans.values())).rdzv_endpoint
-    assert endpoint == f"{host}.{job}:23456"
+    assert {p.store_host for p in plans.values()} == {False}
+    # The store's pod, by the name Volcano's svc plugin gives it in the job's Service.
+    assert {p.rdzv_endpoint for p in plans.values()} == {f"{job}-rendezvous-0.{job}:23456"}
 
 
 def test_a_lost_worker_restarts_its_pod_and_a_fatal_code_still_ends_the_job(
@@ -181,20 +202,23 @@ def test_a_lost_worker_restarts_its_pod_and_a_fatal_code_still_ends_the_job(
     task's list must keep the job's order, fatal codes first (a `PodFailed` catch-all above
     them would turn a user error into endless pod restarts)."""
     manifest = render(load_job(ELASTIC), view, "vision")
-    master, worker = manifest["spec"]["tasks"]
-    assert "policies" not in master  # the rendezvous host: the job's policies restart all
+    store, worker = manifest["spec"]["tasks"]
+    assert "policies" not in store  # the store: the job's policies restart all
     job_policies = manifest["spec"]["policies"]
     assert len(worker["policies"]) == len(job_policies)
     for mine, jobs in zip(worker["policies"], job_policies, strict=True):
         assert {k: v for k, v in mine.items() if k != "action"} == {
             k: v for k, v in jobs.items() if k != "action"
         }
-        expected = "RestartPod" if jobs["action"] == "RestartJob" else jobs["action"]
+        whole = jobs.get("exitCode") == ExitCode.BELOW_MINIMUM
+        expected = "RestartPod" if jobs["action"] == "RestartJob" and not whole else jobs["action"]
         assert mine["action"] == expected
     actions = {p.get("event", p.get("exitCode")): p["action"] for p in worker["policies"]}
     assert actions["PodEvicted"] == actions["PodFailed"] == "RestartPod"
     assert actions[int(ExitCode.USER_ERROR)] == "AbortJob"
     assert actions[int(ExitCode.DEADLINE_EXCEEDED)] == "TerminateJob"
+    # Below the minimum the workers left restart with the whole job, as a gang.
+    assert actions[int(ExitCode.BELOW_MINIMUM)] == "RestartJob"
     last_code = max(i for i, p in enumerate(worker["policies"]) if "exitCode" in p)
     first_event = min(i for i, p in enumerate(worker["policies"]) if "event" in p)
     assert last_code < first_event

@@ -3,20 +3,38 @@ spec's checks and for the rendered Volcano Job.
 
 `workers.replicas: {min, max, size}`:
 
-- The gang is `min`: the Job's `minAvailable`, so Volcano starts it once `min` workers fit
-  (gang plugin, v1.15.1 pkg/scheduler/plugins/gang/gang.go: a job is ready at minAvailable).
-- It asks for `size` workers (default `max`): the rest stay Pending and Volcano binds them as
-  capacity frees, one per allocate pass, into the running job (actions/allocate/allocate.go).
-  Task minimums are rendered explicitly: Volcano's webhook would default each to the task's
-  replicas.
-- torchrun runs `--nnodes=min:max` on the c10d rendezvous hosted by the master task's pod:
-  a joining worker restarts the workers at the larger world size and a lost one at the
-  smaller, each resuming from the last checkpoint (trainstack_runtime topology.py node_plan).
-- What Volcano does NOT give: a protected minimum. Preempt does not consult the gang plugin
-  (the platform's `enablePreemptable: false`, which keeps fixed gangs preemptable); reclaim
-  asks it first, and it permits up to `ready - minAvailable` pods of any role, the master's
-  included, and at the minimum its empty answer falls through to capacity/proportion
-  (framework/session_plugins.go Reclaimable). docs/jobs.md, "What Volcano does not protect".
+- The job has two tasks: `rendezvous`, one CPU pod hosting the c10d store that torchrun's
+  agents rendezvous on (trainstack_runtime/rendezvous.py), and `worker`, `size` GPU pods,
+  each a torchrun node like any other (rank 0's included).
+- The gang is the rendezvous pod and `min` workers: the Job's `minAvailable` is `min + 1`,
+  so Volcano starts it once those fit (gang plugin, v1.15.1 pkg/scheduler/plugins/gang/
+  gang.go: a job is ready at minAvailable). The worker task's `minAvailable` is `min`
+  (rendered: Volcano's webhook would default it to the task's replicas, and with task
+  minimums above the job's every per-role check is skipped, api/job_info.go CheckTaskValid).
+- The rest stay Pending and Volcano binds them as capacity frees, one per allocate pass,
+  into the running job (actions/allocate/allocate.go: "put the job back" while tasks are
+  left); they never preempt or reclaim for themselves, as a job at its minimum is not
+  starving (gang.go, JobStarvingFn).
+- Reclaim and preempt take only workers above the minimum while the job runs:
+  - the rendezvous pod is annotated `volcano.sh/preemptable: "false"`, which takes it off
+    every victim list before any plugin is asked (api/pod_info.go GetPodPreemptable;
+    actions/reclaim/reclaim.go and actions/preempt/preempt.go, `!Preemptable`), under the
+    policy's exception for one small CPU pod (policy/isolation.py scheduling_keys);
+  - reclaim asks the gang plugin first, which permits at most `ready - minAvailable` of a
+    job's pods (gang.go reclaimableFn): with the store out of the list, workers above `min`;
+  - at the minimum the gang plugin permits none and reclaim falls through to capacity or
+    proportion (framework/session_plugins.go Reclaimable: an empty tier answer is not a
+    veto), which may take a worker of a job that borrowed, as from any gang: the survivors
+    then wait in the rendezvous for the minimum, and the job restarts whole when the join
+    timeout passes (docs/jobs.md, "What Volcano does not protect").
+- torchrun runs `--nnodes=min:max` on that store: a joining worker restarts the workers at
+  the larger world size and a lost one at the smaller, each resuming from the last
+  checkpoint (trainstack_runtime topology.py node_plan).
+- Completion: the Job's `minSuccess` is `min`, so it completes when the workers that
+  finished training are at least the minimum, whatever is still Pending above it
+  (controllers/job/state/running.go: `status.Succeeded >= minSuccess` -> Completed; without
+  it a job needs every replica Succeeded or Failed), and Volcano then deletes the rest, the
+  rendezvous pod among them (state/finished.go, KillJob).
 - `size` changes in place (Volcano updates task replicas: jobs/lifecycle.py
   UPDATABLE_TASK_FIELDS); `min` and `max` are torchrun's `--nnodes` in the pods'
   environment, which Volcano never updates, so changing either replaces the Job.
@@ -97,11 +115,9 @@ def elastic_env(
     """The pod's rendezvous for an elastic job, set after the author's env (a PET_NNODES of
     their own would leave torchrun waiting for workers that never come).
 
-    `PET_*` win over the per-pod MASTER_ADDR/WORLD_SIZE/RANK Volcano's pytorch plugin writes
-    at creation, which count the pods of `size` and go stale as the job resizes
-    (trainstack_runtime topology.py node_plan reads PET_NNODES first). The store is hosted by
-    the master's pod, named explicitly: torch decides it otherwise by matching the endpoint to
-    the machine's host name. The restart budget counts the restarts a lost worker costs
+    The store is the rendezvous pod's, said explicitly to every pod: torch decides it
+    otherwise by matching the endpoint to the machine's host name (trainstack_runtime
+    topology.py _store_host). The restart budget counts the restarts a lost worker costs
     (joins restart the workers without counting: torch elastic agent/server/api.py
     SimpleElasticAgent._invoke_run)."""
     return {
@@ -125,7 +141,8 @@ def _count(value: object) -> int:
 
 def job_gpus(spec: Mapping[str, Any]) -> tuple[int, int]:
     """(least, asked): the GPUs of a rendered Volcano Job's spec at its tasks' minAvailable
-    (the gang Volcano starts it with, which stays through reclaim) and at their replicas.
+    (the gang Volcano starts it with, which reclaim leaves while the job runs) and at their
+    replicas.
     Equal for a gang job. Tolerant of any plan: what is not a count counts 0."""
     least = asked = 0
     for task in spec.get("tasks") or []:

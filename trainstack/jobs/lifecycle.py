@@ -67,12 +67,22 @@ def elastic_worker_policies() -> list[dict[str, Any]]:
     ResumeJob, which syncs in Running but kills the whole job while the job is Restarting
     (state/restarting.go Execute, `default: KillJob`), and not SyncJob, which the webhook
     refuses as a policy action (webhooks/admission/jobs/validate/util.go policyActionMap).
-    The master task keeps the job's policies: it hosts the rendezvous, and losing it restarts
-    every worker anyway."""
+    A worker that exits `below_minimum` (206) still restarts the whole job: the survivors'
+    rendezvous waited its join timeout for the minimum (WHOLE_JOB_EXITS).
+    The rendezvous task keeps the job's policies: it hosts the store, and losing it (a
+    drain: Volcano never preempts it) restarts every worker anyway."""
     return [
-        {**policy, "action": "RestartPod"} if policy["action"] == "RestartJob" else policy
+        {**policy, "action": "RestartPod"}
+        if policy["action"] == "RestartJob" and policy.get("exitCode") not in WHOLE_JOB_EXITS
+        else policy
         for policy in lifecycle_policies()
     ]
+
+
+# Exit codes after which an elastic job restarts whole, as a gang, even from a worker: the
+# workers left could not gather the job's minimum (the runtime's join timed out), and held on
+# their own they would keep their GPUs idle.
+WHOLE_JOB_EXITS = frozenset({int(contract.ExitCode.BELOW_MINIMUM)})
 
 
 def volcano_max_retry(retries: int, preemptions: int) -> int:

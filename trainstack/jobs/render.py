@@ -26,9 +26,17 @@ from trainstack.jobs.lifecycle import (
     volcano_max_retry,
 )
 from trainstack.jobs.platform import PlatformView, profile
-from trainstack.jobs.spec import JobSpec
+from trainstack.jobs.spec import JobSpec, Resources
+from trainstack.policy.isolation import (
+    PINNED_CPU_LIMIT,
+    PINNED_KEY,
+    PINNED_MEMORY_LIMIT,
+    PINNED_VALUE,
+)
 
 MASTER, WORKER, PS = "master", "worker", "ps"
+# An elastic job's c10d store, in a CPU pod of its own (jobs/elastic.py, rendezvous_task).
+RENDEZVOUS = "rendezvous"
 API_VERSION = "batch.volcano.sh/v1alpha1"
 CONTAINER = "trainer"
 PYTORCH_PORT = 23456
@@ -50,7 +58,7 @@ def _resources(requests: Mapping[str, str], limits: Mapping[str, str]) -> dict[s
 
 
 def _env(spec: JobSpec, view: PlatformView, nproc: int, role: str) -> list[dict[str, str]]:
-    gpu = role != PS
+    gpu = role not in (PS, RENDEZVOUS)
     pool = view.pool(spec.pool)
     assert pool is not None
     values: dict[str, str] = dict(profile(pool).env)
@@ -79,9 +87,9 @@ def _env(spec: JobSpec, view: PlatformView, nproc: int, role: str) -> list[dict[
     if spec.workers.scale.elastic:
         values |= elastic_env(
             spec.workers.scale,
-            # The master's pod by its Volcano svc plugin name: <job>-<task>-<index>.<job>.
-            endpoint=f"{spec.name}-{MASTER}-0.{spec.name}:{PYTORCH_PORT}",
-            store_host=role == MASTER,
+            # The rendezvous pod by its Volcano svc plugin name: <job>-<task>-<index>.<job>.
+            endpoint=f"{spec.name}-{RENDEZVOUS}-0.{spec.name}:{PYTORCH_PORT}",
+            store_host=role == RENDEZVOUS,
             restarts=spec.max_retries + spec.max_preemptions,
         )
     return [{"name": k, "value": v} for k, v in sorted(values.items())]
@@ -143,11 +151,13 @@ def _pod(
     pool = view.pool(spec.pool)
     storage = view.storage(spec.team)
     assert pool is not None
-    if role == PS:
+    devices: dict[str, str] = {}
+    nproc = 1
+    if role == RENDEZVOUS:
+        res = RENDEZVOUS_RESOURCES
+    elif role == PS:
         assert spec.parameter_servers is not None
         res = spec.parameter_servers.resources
-        devices: dict[str, str] = {}
-        nproc = 1
     else:
         res = spec.workers.resources
         devices = profile(pool).resources_for(gpus)
@@ -173,7 +183,9 @@ def _pod(
             "persistentVolumeClaim": {"claimName": storage.get("checkpointClaim", "checkpoints")},
         },
     ]
-    if spec.data is not None and spec.data.source == "lustre":
+    if spec.data is None or role == RENDEZVOUS:
+        pass  # no data to read
+    elif spec.data.source == "lustre":
         # The datasets volume is read-only where it is mounted (the PV's mount options); the
         # claim and the mount say so too (policy rule pod-volumes).
         mounts.append(
@@ -195,7 +207,7 @@ def _pod(
                 },
             }
         )
-    elif spec.data is not None:
+    else:
         mounts.append({"name": "dataset", "mountPath": spec.data.mount_path, "readOnly": True})
         volumes.append(_cache_volume(spec, view, storage))
     container: dict[str, Any] = {
@@ -204,7 +216,7 @@ def _pod(
         "command": _command(spec, nproc),
         "args": list(spec.args),
         "env": [
-            *(_node_ip_env(view) if role != PS else []),  # servers run on CPU nodes
+            *(_node_ip_env(view) if role not in (PS, RENDEZVOUS) else []),  # no GPUs
             *_env(spec, view, nproc, role),
             {"name": "TRAINSTACK_ROLE", "value": role},
             copy.deepcopy(INSTANCE_ENV),
@@ -224,7 +236,7 @@ def _pod(
     # Cluster Autoscaler counts Volcano's pods as replicated and would evict them to remove a
     # node; this keeps the node while the pod runs (builders/autoscaler.py).
     metadata: dict[str, Any] = {"labels": task_labels, "annotations": {SAFE_TO_EVICT: "false"}}
-    if role != PS:  # replicas with the pool's RDMA devices; parameter servers have none
+    if role not in (PS, RENDEZVOUS):  # replicas with the pool's RDMA devices
         metadata["annotations"] |= fabric.pod_annotations()
     container["securityContext"] = copy.deepcopy(RESTRICTED_CONTAINER)
     selector = pool.get("nodeSelector", {})
@@ -255,7 +267,56 @@ def _pod(
         },
         "tolerations": [GPU_TOLERATION],
     }
-    return {"metadata": metadata, "spec": pod_spec}
+    pod = {"metadata": metadata, "spec": pod_spec}
+    if role == RENDEZVOUS:
+        _as_rendezvous(spec, pod)
+    return pod
+
+
+# What the rendezvous pod asks for: a TCPStore for at most a few hundred agents' heartbeats
+# and round state. Its limits are the most the `scheduling-keys` rule lets a pod that opts
+# out of preemption have (policy/isolation.py).
+RENDEZVOUS_RESOURCES = Resources(
+    # Within the platform's request-to-limit ratios too (LimitRange: cpu 2, memory 1).
+    cpu="500m", memory=PINNED_MEMORY_LIMIT, cpu_limit=PINNED_CPU_LIMIT,
+    memory_limit=PINNED_MEMORY_LIMIT,
+)  # fmt: skip
+
+
+def _as_rendezvous(spec: JobSpec, pod: dict[str, Any]) -> None:
+    """The pod of an elastic job's `rendezvous` task: the c10d store its workers' torchrun
+    agents rendezvous on (trainstack_runtime/rendezvous.py), in the job's own image, and
+    nothing else.
+
+    Volcano must never take it: its store holds the rendezvous, and losing it restarts every
+    worker. Volcano v1.15.1 has one per-pod exemption: a pod annotated
+    `volcano.sh/preemptable: "false"` is left out of every preempt and reclaim victim list
+    before any plugin is asked (pkg/scheduler/api/pod_info.go GetPodPreemptable;
+    actions/preempt/preempt.go and actions/reclaim/reclaim.go, `!task.Preemptable`); the
+    gang plugin's own check counts a job's ready pods, not its roles (plugins/gang/gang.go
+    reclaimableFn), so without it the store is as likely a victim as any worker. The
+    exemption is the policy's narrow one for a single CPU pod (policy/isolation.py
+    scheduling_keys): no devices, and at most 1 CPU and 1 GiB."""
+    pod["metadata"]["annotations"][PINNED_KEY] = PINNED_VALUE
+    container = pod["spec"]["containers"][0]
+    container["name"] = RENDEZVOUS
+    container["command"] = [
+        spec.command[0], "-m", "trainstack_runtime.rendezvous", "--port", str(PYTORCH_PORT),
+    ]  # fmt: skip
+    container["args"] = []
+    container["ports"] = [{"name": RENDEZVOUS, "containerPort": PYTORCH_PORT}]
+    container["livenessProbe"] = {
+        "tcpSocket": {"port": PYTORCH_PORT},
+        "periodSeconds": 30,
+        "timeoutSeconds": 5,
+        "failureThreshold": 4,
+    }
+    # The store does not use the training's shared memory; the rule wants it sized.
+    for volume in pod["spec"]["volumes"]:
+        if volume["name"] == "dshm":
+            volume["emptyDir"]["sizeLimit"] = "64Mi"
+    # The store exits on SIGTERM at once (rendezvous.py); no checkpoint to take.
+    pod["spec"]["terminationGracePeriodSeconds"] = 30
 
 
 def _join(*parts: str) -> str:
@@ -370,19 +431,19 @@ def job_spec(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -
     workers = spec.workers
     tasks: list[dict[str, Any]]
     plugins: dict[str, list[str]] = {"svc": list(SVC_PLUGIN_ARGS), "env": []}
-    if spec.mode == "dataParallel":
+    scale = workers.scale
+    if spec.mode == "dataParallel" and scale.elastic:
+        # The rendezvous pod, then every GPU worker in one task: each worker is a torchrun
+        # node like any other, rank 0 included, and none hosts the store (jobs/elastic.py).
+        # No pytorch plugin: its MASTER_ADDR, WORLD_SIZE and RANK count pods at creation and
+        # would be stale after any resize (torchrun sets them for its workers itself).
+        worker = _task(spec, view, WORKER, scale.size, workers.gpus, min_available=scale.min)
+        worker["policies"] = elastic_worker_policies()
+        tasks = [_task(spec, view, RENDEZVOUS, 1, 0), worker]
+    elif spec.mode == "dataParallel":
         # Volcano's pytorch plugin gives the master task RANK 0 and MASTER_ADDR.
         tasks = [_task(spec, view, MASTER, 1, workers.gpus)]
-        scale = workers.scale
-        if scale.elastic:
-            # Always a worker task, even at size 1, so that a resize stays an update (Volcano
-            # refuses a task added or removed: lifecycle.py UPDATABLE_TASK_FIELDS).
-            worker = _task(
-                spec, view, WORKER, scale.size - 1, workers.gpus, min_available=scale.min - 1
-            )
-            worker["policies"] = elastic_worker_policies()
-            tasks.append(worker)
-        elif workers.replicas > 1:
+        if workers.replicas > 1:
             tasks.append(_task(spec, view, WORKER, workers.replicas - 1, workers.gpus))
         plugins["pytorch"] = [f"--master={MASTER}", f"--worker={WORKER}", f"--port={PYTORCH_PORT}"]
     else:
@@ -396,15 +457,19 @@ def job_spec(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -
         "schedulerName": "volcano",
         "queue": view.scheduling(spec.team).get("queue", spec.team),
         "priorityClassName": priority_class_name(spec.priority),
-        # The gang: all or nothing, or an elastic job's minimum (jobs/elastic.py).
-        "minAvailable": (
-            workers.scale.min if workers.scale.elastic else sum(t["replicas"] for t in tasks)
-        ),
+        # The gang: all or nothing, or an elastic job's minimum and its rendezvous pod
+        # (jobs/elastic.py).
+        "minAvailable": sum(t["minAvailable"] for t in tasks),
         "maxRetry": volcano_max_retry(spec.max_retries, spec.max_preemptions),
         "plugins": plugins,
         "policies": policies,
         "tasks": tasks,
     }
+    if scale.elastic:
+        # Done once the minimum's workers are: a job that ends with workers still Pending
+        # (above the minimum, waiting for capacity) would otherwise never complete, and its
+        # store never stop (jobs/elastic.py, completion).
+        result["minSuccess"] = scale.min
     if spec.topology is not None:
         result["networkTopology"] = {
             "mode": spec.topology.mode,
