@@ -269,42 +269,66 @@ def _uids(pods: list[dict[str, Any]]) -> set[str]:
     return {p["metadata"]["uid"] for p in pods}
 
 
-def _elastic(platform: Deployed, size: int | None = None) -> dict[str, Any]:
-    replicas = {"min": 6, "max": 8} | ({} if size is None else {"size": size})
+def _elastic(
+    platform: Deployed, size: int | None = None, *, lo: int = 6, name: str = "elastic"
+) -> dict[str, Any]:
+    replicas = {"min": lo, "max": 8} | ({} if size is None else {"size": size})
     return jobs.rendered(
-        platform, jobs.spec("vision", "elastic", pool="h100-block", gpus=8, replicas=replicas)
+        platform, jobs.spec("vision", name, pool="h100-block", gpus=8, replicas=replicas)
+    )
+
+
+def _nlp_holds_16_of_the_block(platform: Deployed) -> list[dict[str, Any]]:
+    """Two of nlp's 8-GPU jobs running on h100-block: what an elastic job cannot have."""
+    hold = [
+        jobs.rendered(platform, jobs.spec("nlp", f"hold-{i}", pool="h100-block", gpus=8))
+        for i in range(2)
+    ]
+    for job in hold:
+        jobs.submit(platform, job)
+    wait_for("nlp holding 16 of h100-block", lambda: _running(platform, "nlp") == 16, timeout=60)
+    return hold
+
+
+def _workers(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p for p in pods if p["metadata"]["labels"].get("volcano.sh/task-spec") == "worker"]
+
+
+def _store(platform: Deployed, job: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's rendezvous pod, while it runs."""
+    return next(
+        (
+            p
+            for p in jobs.running_pods(platform, job)
+            if p["metadata"]["labels"].get("volcano.sh/task-spec") == "rendezvous"
+        ),
+        None,
     )
 
 
 def test_an_elastic_job_starts_small_grows_and_loses_a_worker_alone(clean: Deployed) -> None:
     """Issue 43 (docs/jobs.md, "Elastic jobs"): vision's elastic job of 6 to 8 workers of 8
-    GPUs on h100-block starts with 6 while nlp holds the rest of the block and grows to 8 when
-    nlp's jobs end, none of its first workers replaced. A worker deleted as the scheduler's
-    reclaim or preempt deletes it comes back alone: no other pod of the job restarts
-    (lifecycle.py elastic_worker_policies: RestartPod, one retry counted). A smaller size
-    applied to the running Job (what a team stack's update does) removes the top worker in
-    place. Which pod reclaim picks is Volcano's (docs/jobs.md, "What Volcano does not
-    protect"), so the scenario deletes the worker itself."""
-    hold = [
-        jobs.rendered(clean, jobs.spec("nlp", f"hold-{i}", pool="h100-block", gpus=8))
-        for i in range(2)
-    ]
-    for job in hold:
-        jobs.submit(clean, job)
-    wait_for("nlp holding 16 of h100-block", lambda: _running(clean, "nlp") == 16, timeout=60)
+    GPUs on h100-block (and its CPU rendezvous pod) starts with 6 while nlp holds the rest of
+    the block and grows to 8 when nlp's jobs end, none of its first workers replaced. A
+    worker deleted as the scheduler's reclaim or preempt deletes it comes back alone: no
+    other pod of the job restarts (lifecycle.py elastic_worker_policies: RestartPod, one
+    retry counted). A smaller size applied to the running Job (what a team stack's update
+    does) removes the top worker in place."""
+    hold = _nlp_holds_16_of_the_block(clean)
 
     elastic = _elastic(clean)
-    assert elastic["spec"]["minAvailable"] == 6
-    assert jobs.replicas(elastic) == 8
+    assert elastic["spec"]["minAvailable"] == 7  # the rendezvous pod and 6 workers
+    assert jobs.replicas(elastic) == 9
     jobs.submit(clean, elastic)
     started = wait_for(
         "the elastic job started with its minimum",
-        lambda: found if len(found := jobs.running_pods(clean, elastic)) == 6 else None,
+        lambda: found if len(found := jobs.running_pods(clean, elastic)) == 7 else None,
         timeout=60,
     )
     time.sleep(5)  # scheduling periods pass: the two above the minimum still wait
-    assert len(jobs.running_pods(clean, elastic)) == 6, _state(clean, elastic)
+    assert len(jobs.running_pods(clean, elastic)) == 7, _state(clean, elastic)
     assert jobs.phase(clean, elastic) == "Running"
+    assert _store(clean, elastic) is not None
 
     for job in hold:
         jobs.delete(clean, job)
@@ -317,7 +341,7 @@ def test_an_elastic_job_starts_small_grows_and_loses_a_worker_alone(clean: Deplo
         "the lost worker back, alone",
         lambda: (
             found
-            if len(found := jobs.running_pods(clean, elastic)) == 8
+            if len(found := jobs.running_pods(clean, elastic)) == 9
             and lost["metadata"]["uid"] not in _uids(found)
             else None
         ),
@@ -335,12 +359,110 @@ def test_an_elastic_job_starts_small_grows_and_loses_a_worker_alone(clean: Deplo
     clean.kube.apply(smaller, as_=clean.member("vision"))
     kept = wait_for(
         "the job down to 7 workers",
-        lambda: found if len(found := jobs.pods(clean, elastic)) == 7 else None,
+        lambda: found if len(found := jobs.pods(clean, elastic)) == 8 else None,
         timeout=60,
     )
     assert {p["metadata"]["name"] for p in kept} == {
-        "elastic-master-0",
-        *(f"elastic-worker-{i}" for i in range(6)),
+        "elastic-rendezvous-0",
+        *(f"elastic-worker-{i}" for i in range(7)),
     }
     assert _uids(kept) <= _uids(back), "shrinking restarted none of the workers it kept"
     wait_for("the job Running", lambda: jobs.phase(clean, elastic) == "Running", timeout=30)
+
+
+def test_a_lender_reclaims_only_the_workers_above_an_elastic_jobs_minimum(
+    clean: Deployed,
+) -> None:
+    """Issue 43: vision's elastic job of 4 to 8 workers holds all of h100-block; nlp asks for
+    its guarantee there. Reclaim takes workers, never the rendezvous pod (annotated
+    `volcano.sh/preemptable: "false"`, which v1.15.1 reclaim.go leaves off the victim list)
+    and never below the minimum (gang.go reclaimableFn permits `ready - minAvailable`, the
+    store counted in both); the job is not restarted: the store and every worker it kept are
+    the same pods, and each lost worker is back Pending alone (RestartPod), waiting for
+    capacity. The job never runs fewer than its minimum of workers meanwhile.
+
+    Which pods reclaim picks is Volcano's: before the rendezvous pod existed, the master
+    (rank 0 and the store's host) was as likely a victim as any worker (gang.go counts pods,
+    not roles), and its loss restarted every worker (docs/jobs.md, "What Volcano does not
+    protect")."""
+    elastic = _elastic(clean, lo=4)
+    jobs.submit(clean, elastic)
+    before = jobs.wait_running(clean, elastic, timeout=60)
+    store = _store(clean, elastic)
+    assert store is not None
+    guarantee = _queue_gpus(clean, "nlp", "guarantee")
+    assert _running(clean, "vision", "h100-block-") == _pool_gpus(clean, "h100-block")
+    assert guarantee <= 8 * (8 - 4), "the workers above the minimum cover nlp's guarantee"
+
+    fewest = [8]
+
+    def watched() -> int:
+        running = len(_workers(jobs.running_pods(clean, elastic)))
+        fewest[0] = min(fewest[0], running)
+        return running
+
+    for index in range(guarantee // 8):
+        spec = jobs.spec(
+            "nlp", f"lender-{index}", pool="h100-block", gpus=8, priority="preemptible"
+        )
+        jobs.submit(clean, jobs.rendered(clean, spec))
+    wait_for(
+        "nlp running its guarantee",
+        lambda: watched() >= 0 and _running(clean, "nlp") >= guarantee,
+        timeout=90,
+    )
+    lost = guarantee // 8
+    after = wait_for(
+        "the reclaimed workers back, Pending",
+        lambda: (
+            found
+            if watched() == 8 - lost
+            and len(found := jobs.pods(clean, elastic)) == 9
+            and sum(p.get("status", {}).get("phase") == "Pending" for p in found) == lost
+            else None
+        ),
+        timeout=60,
+    )
+    running = [p for p in after if p.get("status", {}).get("phase") == "Running"]
+    assert store["metadata"]["uid"] in _uids(running), _state(clean, elastic)
+    assert len(_uids(before) - _uids(running)) == lost, _state(clean, elastic)
+    assert _uids(running) <= _uids(before), "no pod the job kept was restarted"
+    assert fewest[0] >= 4, f"the job ran {fewest[0]} workers, below its minimum of 4"
+    assert jobs.phase(clean, elastic) == "Running"
+    # Each RestartPod counts one retry, but two evictions of one session may reach the
+    # controller as one (a request older than the job's version is only a sync:
+    # job_controller_util.go applyPolicies); never a RestartJob's worth of restarts.
+    assert 1 <= int(jobs.live(clean, elastic)["status"].get("retryCount", 0)) <= lost
+    time.sleep(5)  # scheduling periods pass: the lost workers wait, nlp keeps its GPUs
+    assert _running(clean, "nlp") >= guarantee
+    assert len(_workers(jobs.running_pods(clean, elastic))) == 8 - lost
+
+
+def test_an_elastic_job_completes_with_workers_still_waiting(clean: Deployed) -> None:
+    """Issue 43: an elastic job of 2 to 8 workers runs 6 while nlp holds the rest of
+    h100-block; its workers finish (exit 0). The job is Completed once two have, although two
+    workers never started (`minSuccess` = min: v1.15.1 state/running.go), and Volcano deletes what was left,
+    the rendezvous pod and the waiting workers (state/finished.go, KillJob): nothing holds
+    the pool's CPU, nor would start training later."""
+    _nlp_holds_16_of_the_block(clean)
+    elastic = _elastic(clean, lo=2)
+    jobs.exiting(elastic, 0, after="5s", task="worker")
+    jobs.submit(clean, elastic)
+    wait_for(
+        "the job Completed",
+        lambda: jobs.phase(clean, elastic) == "Completed",
+        timeout=90,
+    )
+
+    def finished() -> list[dict[str, Any]] | None:
+        found = jobs.pods(clean, elastic)
+        phases = {p.get("status", {}).get("phase") for p in found}
+        return found if phases == {"Succeeded"} else None
+
+    left = wait_for("only finished pods left", finished, timeout=60)
+    # At least the minimum finished; workers still finishing when the job completed were
+    # deleted with the rest (KillJob keeps only finished pods). With torchrun that loses
+    # nothing: an agent returns only after every node's workers have (its exit barrier,
+    # torch/distributed/elastic/agent/server/api.py _exit_barrier).
+    assert 2 <= len(left) <= 6, _state(clean, elastic)
+    assert {p["metadata"]["labels"].get("volcano.sh/task-spec") for p in left} == {"worker"}

@@ -193,6 +193,9 @@ COMPONENTS: tuple[Component, ...] = (
             "vc-scheduler": "volcano.sh/volcano/cmd/scheduler",
             "vc-controller-manager": "volcano.sh/volcano/cmd/controller-manager",
             "vc-webhook-manager": "volcano.sh/volcano/cmd/webhook-manager",
+            # Volcano's reclaim action on one elastic-job scenario (test_elastic_victims.py):
+            # our main package, the scheduler's own code at the pinned version.
+            "elasticprobe": "trainstack.invalid/e2e/volcano/elasticprobe",
         },
         _volcano_ldflags,
         # The chart rendered at the tag: its webhook configurations and component flags are
@@ -200,6 +203,7 @@ COMPONENTS: tuple[Component, ...] = (
         data=(("installer/volcano-development.yaml", "volcano-development.yaml"),),
         # volcano.sh/apis v1.15.1 is refused by the module proxy; v1.14.0 plus one constant.
         shims=(("volcano.sh/apis", "pkg/apis/scheduling/v1beta1", "shim/scheduling_v1beta1.go"),),
+        sources=("elasticprobe/main.go",),
     ),
     Component("kwok", "sigs.k8s.io/kwok", {"kwok": "sigs.k8s.io/kwok/cmd/kwok"}),
     Component(
