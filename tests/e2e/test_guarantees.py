@@ -440,10 +440,10 @@ def test_a_lender_reclaims_only_the_workers_above_an_elastic_jobs_minimum(
 
 def test_an_elastic_job_completes_with_workers_still_waiting(clean: Deployed) -> None:
     """Issue 43: an elastic job of 2 to 8 workers runs 6 while nlp holds the rest of
-    h100-block; its workers finish (exit 0). The job is Completed once two have, although two
-    workers never started (`minSuccess` = min: v1.15.1 state/running.go), and Volcano deletes what was left,
-    the rendezvous pod and the waiting workers (state/finished.go, KillJob): nothing holds
-    the pool's CPU, nor would start training later."""
+    h100-block; its workers finish (exit 0). The job is Completed once two have, although
+    two workers never started (`minSuccess` = min: v1.15.1 state/running.go), and Volcano
+    deletes what was left, the rendezvous pod and the waiting workers (state/finished.go,
+    KillJob): nothing holds the pool's CPU, nor would start training later."""
     _nlp_holds_16_of_the_block(clean)
     elastic = _elastic(clean, lo=2)
     jobs.exiting(elastic, 0, after="5s", task="worker")
