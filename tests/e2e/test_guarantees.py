@@ -290,20 +290,17 @@ def _nlp_holds_16_of_the_block(platform: Deployed) -> list[dict[str, Any]]:
     return hold
 
 
+def _of_task(pods: list[dict[str, Any]], task: str) -> list[dict[str, Any]]:
+    return [p for p in pods if p["metadata"]["labels"].get("volcano.sh/task-spec") == task]
+
+
 def _workers(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [p for p in pods if p["metadata"]["labels"].get("volcano.sh/task-spec") == "worker"]
+    return _of_task(pods, "worker")
 
 
 def _store(platform: Deployed, job: dict[str, Any]) -> dict[str, Any] | None:
     """The job's rendezvous pod, while it runs."""
-    return next(
-        (
-            p
-            for p in jobs.running_pods(platform, job)
-            if p["metadata"]["labels"].get("volcano.sh/task-spec") == "rendezvous"
-        ),
-        None,
-    )
+    return next(iter(_of_task(jobs.running_pods(platform, job), "rendezvous")), None)
 
 
 def test_an_elastic_job_starts_small_grows_and_loses_a_worker_alone(clean: Deployed) -> None:

@@ -35,8 +35,10 @@ from trainstack.policy.isolation import (
 )
 
 MASTER, WORKER, PS = "master", "worker", "ps"
-# An elastic job's c10d store, in a CPU pod of its own (jobs/elastic.py, rendezvous_task).
+# An elastic job's c10d store, in a CPU pod of its own (_as_rendezvous below).
 RENDEZVOUS = "rendezvous"
+# Roles whose pods have no GPUs: no fabric devices, annotations or GPU evidence.
+CPU_ROLES = (PS, RENDEZVOUS)
 API_VERSION = "batch.volcano.sh/v1alpha1"
 CONTAINER = "trainer"
 PYTORCH_PORT = 23456
@@ -58,7 +60,7 @@ def _resources(requests: Mapping[str, str], limits: Mapping[str, str]) -> dict[s
 
 
 def _env(spec: JobSpec, view: PlatformView, nproc: int, role: str) -> list[dict[str, str]]:
-    gpu = role not in (PS, RENDEZVOUS)
+    gpu = role not in CPU_ROLES
     pool = view.pool(spec.pool)
     assert pool is not None
     values: dict[str, str] = dict(profile(pool).env)
@@ -216,7 +218,7 @@ def _pod(
         "command": _command(spec, nproc),
         "args": list(spec.args),
         "env": [
-            *(_node_ip_env(view) if role not in (PS, RENDEZVOUS) else []),  # no GPUs
+            *(_node_ip_env(view) if role not in CPU_ROLES else []),
             *_env(spec, view, nproc, role),
             {"name": "TRAINSTACK_ROLE", "value": role},
             copy.deepcopy(INSTANCE_ENV),
@@ -236,7 +238,7 @@ def _pod(
     # Cluster Autoscaler counts Volcano's pods as replicated and would evict them to remove a
     # node; this keeps the node while the pod runs (builders/autoscaler.py).
     metadata: dict[str, Any] = {"labels": task_labels, "annotations": {SAFE_TO_EVICT: "false"}}
-    if role not in (PS, RENDEZVOUS):  # replicas with the pool's RDMA devices
+    if role not in CPU_ROLES:  # replicas with the pool's RDMA devices
         metadata["annotations"] |= fabric.pod_annotations()
     container["securityContext"] = copy.deepcopy(RESTRICTED_CONTAINER)
     selector = pool.get("nodeSelector", {})
