@@ -19,10 +19,20 @@ CHECKOV_VERSION := $(shell sed -n 's/^checkov==//p' $(CHECKOV_CONSTRAINTS))
 TRAINSTACK_CHECKOV_HOME ?= $(HOME)/.cache/trainstack/checkov-$(CHECKOV_VERSION)
 export TRAINSTACK_CHECKOV_HOME
 CHECKOV_STAMP := $(TRAINSTACK_CHECKOV_HOME)/.installed-stamp
+# The MLflow tracking server that tests/runtime/test_registry.py and test_handoff.py register
+# models in (the runtime's registry client, registry.py): mlflow-skinny and the server's
+# dependencies, the whole tree pinned in MLFLOW_CONSTRAINTS, installed into a venv of its own
+# outside .venv (it would clash with the project's) at TRAINSTACK_MLFLOW_HOME, exported: the
+# tests look there too. ~275 MB, ~30 s cold.
+MLFLOW_CONSTRAINTS := tests/runtime/mlflow-constraints.txt
+MLFLOW_VERSION := $(shell sed -n 's/^mlflow-skinny==//p' $(MLFLOW_CONSTRAINTS))
+TRAINSTACK_MLFLOW_HOME ?= $(HOME)/.cache/trainstack/mlflow-$(MLFLOW_VERSION)
+export TRAINSTACK_MLFLOW_HOME
+MLFLOW_STAMP := $(TRAINSTACK_MLFLOW_HOME)/.installed-stamp
 
 .PHONY: setup preview test lint typecheck unit faults goldens bench-runtime bench-preview clean \
 	e2e-tools e2e bench-scheduling fuzz policy-config help setup-preview packaging bench-prewarm \
-	mutation scan-tools
+	mutation scan-tools mlflow-server
 
 # `make` alone lists the targets: each described by the `## ` line right above its rule.
 .DEFAULT_GOAL := help
@@ -77,7 +87,7 @@ typecheck: setup
 # runs in one process; a plain `pytest` runs in one too.
 PYTEST_WORKERS ?= 2
 ## the test suite (pytest; e2e scenarios deselected)
-unit: setup scan-tools
+unit: setup scan-tools mlflow-server
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS)
 
 # A fresh venv whenever the constraints change, so nothing of an earlier install lingers; never
@@ -92,6 +102,18 @@ $(CHECKOV_STAMP): $(CHECKOV_CONSTRAINTS)
 
 ## install the pinned security scanner (checkov) into its own venv
 scan-tools: $(CHECKOV_STAMP)
+
+# As the scanner's: a fresh venv whenever the pins change, never over a folder that is not one.
+# The file is a complete freeze, so it is both the requirements and the constraints.
+$(MLFLOW_STAMP): $(MLFLOW_CONSTRAINTS)
+	@test ! -e $(TRAINSTACK_MLFLOW_HOME) || test -f $(TRAINSTACK_MLFLOW_HOME)/pyvenv.cfg || \
+		{ echo "$(TRAINSTACK_MLFLOW_HOME) is not a venv: not replacing it" >&2; exit 1; }
+	$(PYTHON) -m venv --clear $(TRAINSTACK_MLFLOW_HOME)
+	$(TRAINSTACK_MLFLOW_HOME)/bin/python -m pip install -q -r $(MLFLOW_CONSTRAINTS)
+	touch $@
+
+## install the pinned MLflow tracking server into its own venv (the registry tests')
+mlflow-server: $(MLFLOW_STAMP)
 
 ## the training runtime's fault-injection tests only
 faults: setup

@@ -21,7 +21,6 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import EndpointConnectionError
 from botocore.response import StreamingBody
-from moto.server import ThreadedMotoServer
 from trainstack_prewarm.fetch import Fetcher, FetchOptions
 from trainstack_prewarm.limits import SourceLimiter
 from trainstack_prewarm.log import JsonLog
@@ -35,13 +34,7 @@ from trainstack_prewarm.sources import (
     Source,
 )
 
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_CONFIG_FILE": "/nonexistent/aws-config",
-    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
-}
+from tests.s3server import AWS_ENV, moto_s3
 
 
 @dataclass(frozen=True)
@@ -60,19 +53,8 @@ class S3Server:
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
-    with pytest.MonkeyPatch.context() as mp:
-        for key in [k for k in os.environ if k.startswith("AWS_")]:
-            mp.delenv(key)
-        for key, value in AWS_ENV.items():
-            mp.setenv(key, value)
-        # Loopback only, on a free port the OS picks.
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        try:
-            yield S3Server(f"http://{host}:{port}")
-        finally:
-            server.stop()
+    with moto_s3() as url:  # loopback only, on a free port the OS picks
+        yield S3Server(url)
 
 
 @pytest.fixture

@@ -126,6 +126,7 @@ def train(args: Args) -> None:
         if args.loss_log is not None:
             args.loss_log.mkdir(parents=True, exist_ok=True)
             log = open(args.loss_log / f"rank-{topo.rank}.txt", "a")  # noqa: SIM115
+        metrics: dict[str, float] = {}  # the report's final metrics (hand-off)
         try:
             for step in range(start + 1, args.steps + 1):
                 with s.timed_data():
@@ -137,13 +138,15 @@ def train(args: Args) -> None:
                     loss.backward()
                 optimizer.step()
                 scheduler.step()
+                if step == args.steps:  # the report's (rank 0's); no host sync before
+                    metrics["loss"] = loss.item()
                 if log is not None:
                     log.write(f"{step} {loss.item().hex()}\n")
                     log.flush()
                 if args.step_sleep:
                     time.sleep(args.step_sleep)
                 s.end_step(step, state, samples=x.shape[0])
-            s.finish(args.steps, state)
+            s.finish(args.steps, state, metrics=metrics)
         finally:
             if log is not None:
                 log.close()

@@ -103,11 +103,14 @@ from .contract import (
     ENV_CHECKPOINT_INTERVAL_S,
     ENV_CHECKPOINT_KEEP,
     ENV_CHECKPOINT_LOCAL_DIR,
+    ENV_CHECKPOINT_S3_KEEP,
+    ENV_CHECKPOINT_S3_URI,
     ENV_COMMIT_TIMEOUT_S,
     KEEP_LAST_DEFAULT,
 )
 from .exitcodes import ConfigError, StorageError
 from .faults import Injector
+from .tiering import S3_KEEP_DEFAULT, ObjectTier, Uploader, make_client
 
 __all__ = [
     "FORMAT",
@@ -166,6 +169,8 @@ class CheckpointConfig:
     check_every: int = 10  # steps between the ranks' agreement on a time-based save
     keep: int = KEEP_LAST_DEFAULT
     commit_timeout_s: float = 600.0
+    s3_uri: str | None = None  # a job's prefix in the object store: tiering.py
+    s3_keep: int = S3_KEEP_DEFAULT
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> CheckpointConfig:
@@ -189,6 +194,8 @@ class CheckpointConfig:
             check_every=int(num(ENV_CHECKPOINT_CHECK_EVERY, 10)),
             keep=int(num(ENV_CHECKPOINT_KEEP, KEEP_LAST_DEFAULT)),
             commit_timeout_s=num(ENV_COMMIT_TIMEOUT_S, 600.0),
+            s3_uri=env.get(ENV_CHECKPOINT_S3_URI) or None,
+            s3_keep=int(num(ENV_CHECKPOINT_S3_KEEP, S3_KEEP_DEFAULT)),
         )
         cfg.validate()
         return cfg
@@ -204,6 +211,8 @@ class CheckpointConfig:
             raise ConfigError(f"{ENV_CHECKPOINT_KEEP} must be >= 1 (2+ recommended)")
         if self.commit_timeout_s <= 0:
             raise ConfigError(f"{ENV_COMMIT_TIMEOUT_S} must be > 0")
+        if self.s3_keep < 1:
+            raise ConfigError(f"{ENV_CHECKPOINT_S3_KEEP} must be >= 1")
 
 
 # --- RNG ------------------------------------------------------------------------------------
@@ -259,6 +268,7 @@ class CheckpointManager:
         world_size: int = 1,
         attempt: int = 0,
         on_commit: Callable[[int, float], None] | None = None,
+        s3_client: Any = None,
     ) -> None:
         config.validate()
         self.config = config
@@ -298,6 +308,14 @@ class CheckpointManager:
         config.root.mkdir(parents=True, exist_ok=True)
         if config.local_root is not None:
             config.local_root.mkdir(parents=True, exist_ok=True)
+        # The object-store tier is rank 0's: it fetches before a restore and uploads after
+        # each commit, from a thread of its own (tiering.py).
+        self.tier: ObjectTier | None = None
+        self._uploader: Uploader | None = None
+        if config.s3_uri and rank == 0:
+            client = s3_client if s3_client is not None else make_client()
+            self.tier = ObjectTier(config.s3_uri, client, config.s3_keep)
+            self._uploader = Uploader(self.tier)
 
     # ---- collectives (tensor only, on the checkpoint group) ----
     def _dist(self) -> bool:
@@ -334,6 +352,7 @@ class CheckpointManager:
         quarantined and the next older one tried. RNG is applied last; if you create data
         iterators after this call, call :meth:`reapply_rng` afterwards."""
         self._clean_incomplete()
+        self._fetch_from_tier()
         chosen = self._select()
         if chosen is None:
             log.info("no valid checkpoint under %s: starting fresh", self.config.root)
@@ -344,7 +363,38 @@ class CheckpointManager:
         self.last_commit_step = self.last_saved_step = step
         self.last_commit_time = (directory / MANIFEST).stat().st_mtime
         log.info("rank %d resumed from %s", self.rank, directory)
+        if self._uploader is not None:  # a copy a preempted run did not finish: catch up
+            self._uploader.submit(step, directory)
         return step
+
+    def _fetch_from_tier(self) -> None:
+        """Rank 0 brings the object store's newest complete copy onto the file system when
+        the file system has nothing as new; every rank waits for it. A failure is logged and
+        the file system's own checkpoints are used: the job still runs."""
+        if self.tier is not None:
+            try:
+                self.tier.fetch_if_newer(self.config.root)
+            except Exception as err:  # resume from what the file system has
+                log.error("could not fetch a checkpoint from %s: %s", self.tier.uri, err)
+        self._all(True)  # barrier: nobody lists the root before the fetch is in place
+
+    def drain_uploads(self, timeout: float | None = None) -> None:
+        """Rank 0: wait until the newest committed checkpoint is in the object store.
+        StorageError if it is not (the copy failed, or ``timeout`` passed): at the end of
+        training a job is not done before its checkpoint is safe. Other ranks: no-op."""
+        if self._uploader is None:
+            return
+        if not self._uploader.drain(timeout):
+            raise StorageError(
+                f"checkpoint {self.last_commit_step} not copied to {self._uploader.tier.uri} "
+                f"within {timeout:.0f} s"
+            )
+        if self._uploader.last_uploaded_step < self.last_commit_step:
+            error = self._uploader.last_error
+            raise StorageError(
+                f"checkpoint {self.last_commit_step} not copied to "
+                f"{self._uploader.tier.uri}: {error[1] if error else 'no upload finished'}"
+            )
 
     def reapply_rng(self) -> None:
         if self._restored_rng is not None:
@@ -562,6 +612,8 @@ class CheckpointManager:
             self._hook.remove()
             self._pool.shutdown(wait=True)
             self._stager.close()
+            if self._uploader is not None:
+                self._uploader.close()
 
     # ---- the writer thread ----
     def _persist(self, job: _Job) -> None:
@@ -665,6 +717,8 @@ class CheckpointManager:
         fsync_dir(self.config.root)
         write_atomic(self.config.root / LATEST, f"{step}\n".encode())
         retain(self.config.root, self.config.keep)
+        if self._uploader is not None:
+            self._uploader.submit(step, final)
 
 
 class OrderedStager(DefaultStager):

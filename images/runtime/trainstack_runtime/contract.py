@@ -119,6 +119,11 @@ ENV_CHECKPOINT_DIR: Final = "TRAINSTACK_CHECKPOINT_DIR"  # durable location (mou
 # trainstack_runtime.s3copies sets it (docs/runtime.md, "Copies in S3").
 SUPERSEDED_TAG: Final = "trainstack.io/superseded"
 ENV_CHECKPOINT_LOCAL_DIR: Final = "TRAINSTACK_CHECKPOINT_LOCAL_DIR"  # optional fast local tier
+# The job's prefix in the object store its committed checkpoints are copied to (s3://BUCKET/
+# teams/TEAM/JOB/), manifest last, and resumed from when the file system has nothing newer
+# (tiering.py; docs/runtime.md, "Copies in S3"); and how many complete copies stay untagged.
+ENV_CHECKPOINT_S3_URI: Final = "TRAINSTACK_CHECKPOINT_S3_URI"
+ENV_CHECKPOINT_S3_KEEP: Final = "TRAINSTACK_CHECKPOINT_S3_KEEP"
 ENV_CHECKPOINT_EVERY: Final = "TRAINSTACK_CHECKPOINT_EVERY"  # steps between checkpoints
 ENV_CHECKPOINT_INTERVAL_S: Final = "TRAINSTACK_CHECKPOINT_INTERVAL_S"  # seconds between them
 ENV_CHECKPOINT_CHECK_EVERY: Final = "TRAINSTACK_CHECKPOINT_CHECK_EVERY"  # steps between checks
@@ -161,6 +166,18 @@ ENV_MAX_FAILURES: Final = "TRAINSTACK_MAX_FAILURES"
 # This pod's incarnation: Volcano's retry count when it created the pod, the same for every
 # pod of one run of the job (annotation volcano.sh/job-retry-count, via the downward API).
 ENV_JOB_RETRY: Final = "TRAINSTACK_JOB_RETRY"
+# The hand-off at the end of a job (handoff.py; docs/runtime.md, "Hand-off"): where the model
+# and report go (s3://BUCKET/PREFIX/ or a directory; the job instance's folder below it), and
+# what the report says of the job. The platform renders them from the job spec;
+# MLFLOW_TRACKING_URI (MLflow's own variable) adds the model to a registry, under
+# TRAINSTACK_MODEL_NAME (default: the job's name).
+ENV_ARTIFACT_URI: Final = "TRAINSTACK_ARTIFACT_URI"
+ENV_JOB_NAME: Final = "TRAINSTACK_JOB"
+ENV_TEAM: Final = "TRAINSTACK_TEAM"
+ENV_JOB_SPEC: Final = "TRAINSTACK_JOB_SPEC"  # the job spec as JSON
+ENV_IMAGE: Final = "TRAINSTACK_IMAGE"  # the image reference; its digest when pinned
+ENV_DATA_VERSION: Final = "DATA_VERSION"  # the spec's data.version, as the job reads it
+ENV_MODEL_NAME: Final = "TRAINSTACK_MODEL_NAME"
 
 # --- Prometheus metrics served on /metrics (all gauges/counters carry a `rank` label) ----
 METRIC_PREFIX: Final = "trainstack_"

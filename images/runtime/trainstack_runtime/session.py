@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -48,8 +48,9 @@ import torch.distributed as dist
 from .checkpoint import CheckpointConfig, CheckpointManager, TrainState
 from .contract import ENV_RUN_DIR, EXIT_CLASS, RUN_DIR_DEFAULT, ExitCode
 from .elastic import BatchPlan, batch_plan
-from .exitcodes import Preempted, classify_exception, classify_exit
+from .exitcodes import ConfigError, Preempted, StorageError, classify_exception, classify_exit
 from .faults import Injector
+from .handoff import HandoffConfig, hand_off
 from .health import ProgressReporter
 from .preemption import PreemptionWatcher
 from .topology import ProcessTopology, init_process_group, process_topology
@@ -283,11 +284,46 @@ class Session:
                 self.preemption.until_signalled(PEER_STOP_GRACE_S)
             raise Preempted(step)
 
-    def finish(self, step: int, state: TrainState, *, save: bool = True) -> None:
-        """End of training: final checkpoint (so a restart is a no-op) and drain."""
+    def finish(
+        self,
+        step: int,
+        state: TrainState,
+        *,
+        save: bool = True,
+        metrics: Mapping[str, Any] | None = None,
+    ) -> None:
+        """End of training: final checkpoint (so a restart is a no-op), drain, and, with an
+        object store configured, wait until that checkpoint is there (tiering.py): the job
+        is not complete while its last checkpoint could still be lost with the file system.
+        With an artifact location (``TRAINSTACK_ARTIFACT_URI``), rank 0 then hands off the
+        model and a report carrying ``metrics`` (handoff.py) before the job can complete."""
         if save:
             self.checkpoints.save(step, state, blocking=True)
         self.checkpoints.wait()
+        if self.checkpoints.tier is not None:
+            with self.phase("uploading"):
+                self.checkpoints.drain_uploads()
+        handoff = HandoffConfig.from_env()
+        if handoff is None or self.topology.rank != 0:
+            return
+        final = self.checkpoints.last_commit_step
+        if final < 0:
+            raise ConfigError("hand-off: the job committed no checkpoint to hand off")
+        tier = self.checkpoints.tier
+        with self.phase("handoff"):
+            try:
+                hand_off(
+                    handoff,
+                    self.checkpoints.config.root,
+                    final,
+                    metrics,
+                    client=tier.client if tier is not None else None,
+                    world_size=self.topology.world_size,
+                )
+            except (ConfigError, StorageError):
+                raise
+            except Exception as err:  # the store, the registry: retried with the job
+                raise StorageError(f"hand-off to {handoff.uri} failed: {err}") from err
 
 
 # ---- process exit --------------------------------------------------------------------------

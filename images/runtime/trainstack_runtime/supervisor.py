@@ -31,6 +31,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from . import elastic, evidence
+from .attempts import record_end, record_start
 from .contract import (
     CHECKPOINT_DIR_DEFAULT,
     ENV_CHECKPOINT_DIR,
@@ -410,6 +411,14 @@ def main(argv: list[str] | None = None) -> int:
             plan.rdzv_endpoint,
         )
     config = launch_config(plan, max_restarts=max_restarts, shutdown_timeout=shutdown)
+    # GPU time and attempts for the hand-off's report (attempts.py).
+    ledger = record_start(
+        checkpoint_root(),
+        os.environ.get(ENV_JOB_INSTANCE),
+        _env_int(ENV_JOB_RETRY, 0),
+        pod=socket.gethostname(),
+        gpus=gpus,
+    )
     log.info(
         "launching %s: nodes=%s node_rank=%s nproc=%d rdzv=%s@%s",
         plan.source,
@@ -422,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     outcome = judge(
         supervise_until(watch, config, [args.script, *script_args], run_dir), gpu_health, run_dir
     )
+    record_end(ledger, outcome.code)
     message = outcome.termination_message()
     write_termination_log(message)
     print(f"trainstack verdict: {message}", file=sys.stderr, flush=True)
