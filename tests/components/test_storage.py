@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Recorded
-from trainstack.builders.storage import team_storage
+from trainstack.builders.storage import checkpoint_lifecycle_rules, team_storage
 from trainstack.components.platform import Platform
 from trainstack.config import PlatformConfig, load_stack_file
 from trainstack.outputs import team_slice
@@ -169,13 +169,27 @@ def test_checkpoint_bucket_is_hardened(
     assert rule["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "aws:kms"
     assert rule["bucketKeyEnabled"] is True
     lifecycle = rec.one("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
-    superseded, deleted = lifecycle.inputs["rules"]
+    rules = {r["id"]: r for r in lifecycle.inputs["rules"]}
+    assert set(rules) == {
+        *(f"expire-superseded-checkpoints-{t}" for t in ("vision", "nlp", "recsys")),
+        *(f"expire-logs-{t}" for t in ("vision", "nlp", "recsys")),
+        *(f"expire-deleted-{w}-versions" for w in ("checkpoint", "log", "artifact")),
+    }
     # Only copies a newer checkpoint superseded expire by age: a job paused for longer than
-    # the retention keeps its latest checkpoint (issue 17, also-check).
+    # the retention keeps its latest checkpoint (issue 17, also-check); per team.
+    superseded = rules["expire-superseded-checkpoints-vision"]
     assert superseded["expiration"] == {"days": 60}
     assert superseded["filter"] == {
-        "and": {"prefix": "teams/", "tags": {"trainstack.io/superseded": "true"}}
+        "and": {"prefix": "teams/vision/", "tags": {"trainstack.io/superseded": "true"}}
     }
+    logs = rules["expire-logs-nlp"]
+    assert logs["expiration"] == {"days": 30}  # storage.logs.retentionDays' default
+    assert logs["filter"] == {"prefix": "logs/teams/nlp/"}
+    # Hand-offs never expire: no rule with an expiration reaches artifacts/.
+    assert not any(
+        "expiration" in r and "artifacts/" in json.dumps(r["filter"]) for r in rules.values()
+    )
+    deleted = rules["expire-deleted-checkpoint-versions"]
     assert "expiration" not in deleted
     assert deleted["filter"] == {"prefix": "teams/"}
     assert deleted["noncurrentVersionExpiration"] == {"noncurrentDays": 7}
@@ -204,12 +218,22 @@ def test_team_iam_is_confined_to_its_own_prefixes(
     assert "arn:aws:s3:::acme-trainstack-prod-checkpoints/teams/nlp/*" in nlp
     assert not any("teams/nlp" in r for r in vision)
     assert not any("teams/vision" in r for r in nlp)
+    # Its logs it reads, never writes (only the collector does); its hand-offs it writes.
+    assert "arn:aws:s3:::acme-trainstack-prod-checkpoints/logs/teams/vision/*" in vision
+    assert "arn:aws:s3:::acme-trainstack-prod-checkpoints/artifacts/teams/vision/*" in vision
     assert "arn:aws:s3:::acme-ml-datasets/datasets/*" in vision
     statements = json.loads(
         rec.one("aws:iam/rolePolicy:RolePolicy", "p-storage-team-vision").inputs["policy"]
     )["Statement"]
     datasets = next(s for s in statements if s["Sid"] == "ReadDatasets")
     assert datasets["Action"] == ["s3:GetObject"]  # read-only
+    logs = next(s for s in statements if s["Sid"] == "ReadOwnLogs")
+    assert logs["Action"] == ["s3:GetObject"]  # the collector alone writes a team's logs
+    writes = [s for s in statements if "s3:PutObject" in s["Action"]]
+    assert sorted(s["Resource"] for s in writes) == [
+        "arn:aws:s3:::acme-trainstack-prod-checkpoints/artifacts/teams/vision/*",
+        "arn:aws:s3:::acme-trainstack-prod-checkpoints/teams/vision/*",
+    ]
     # issue 39 #8: the writer of a team's copies may tag the superseded ones, which is all
     # the lifecycle rule expires; on its own prefix only, like the rest of its writes.
     tagging = [
@@ -410,6 +434,10 @@ def test_storage_output_for_the_job_layer(
         "checkpointMountPath": "/checkpoints",
         "serviceAccount": "training",
         "checkpointS3Uri": "s3://acme-trainstack-prod-checkpoints/teams/vision/",
+        "checkpointRetentionDays": 60,
+        "logS3Uri": "s3://acme-trainstack-prod-checkpoints/logs/teams/vision/",
+        "logRetentionDays": 30,
+        "artifactS3Uri": "s3://acme-trainstack-prod-checkpoints/artifacts/teams/vision/",
     }
 
 
@@ -442,3 +470,21 @@ def test_efs_checkpoints_for_small_setups(run_program: Callable[..., Recorded]) 
     # The access point's user owns what jobs write; the team's directory is the access point.
     assert team_storage(cfg, cfg.registry.teams[0])["checkpointSubPath"] == "checkpoints"
     assert rec.of_type("kubernetes:batch/v1:Job") == []  # no shared file system to lay out
+
+
+def test_a_teams_own_retention_overrides_the_platforms(prod: PlatformConfig) -> None:
+    """retention.checkpointDays and logDays of one team change its rules and its outputs
+    only; the other teams keep the platform's days."""
+    teams = tuple(
+        replace(t, checkpoint_retention_days=14, log_retention_days=7) if t.name == "nlp" else t
+        for t in prod.registry.teams
+    )
+    cfg = replace(prod, registry=replace(prod.registry, teams=teams))
+    rules = {r["id"]: r for r in checkpoint_lifecycle_rules(cfg)}
+    assert rules["expire-superseded-checkpoints-nlp"]["expiration"] == {"days": 14}
+    assert rules["expire-logs-nlp"]["expiration"] == {"days": 7}
+    assert rules["expire-superseded-checkpoints-vision"]["expiration"] == {"days": 60}
+    assert rules["expire-logs-vision"]["expiration"] == {"days": 30}
+    nlp = next(t for t in teams if t.name == "nlp")
+    storage = team_storage(cfg, nlp)
+    assert (storage["checkpointRetentionDays"], storage["logRetentionDays"]) == (14, 7)

@@ -559,3 +559,24 @@ def test_a_named_item_still_triggers_its_replacement_rule() -> None:
 
     assert _covers("spec.template", "spec.template.spec.containers[name=trainer].image")
     assert _covers("spec.template", "spec.template.spec.containers[0].image")
+
+
+def test_a_teams_shorter_log_retention_shows_in_the_diff(
+    preview: Preview, prod_base: dict[str, Any]
+) -> None:
+    """Retention deletes data: a reviewer sees it per team, and the bucket's lifecycle rules
+    (per team, builders/storage.py) change with it."""
+    head_text = replace_once(
+        PROD,
+        "quota: {gpus: 16, deserved: 40, borrowLimit: 24}",
+        "quota: {gpus: 16, deserved: 40, borrowLimit: 24}\n"
+        "          retention: {logDays: 7, checkpointDays: 14}",
+    )
+    diff, markdown = report_for(prod_base, preview("prod", prod=head_text))
+    [vision] = diff.teams
+    changes = {c.field: (c.before, c.after) for c in vision.changes}
+    assert changes == {"log retention (days)": (30, 7), "checkpoint retention (days)": (60, 14)}
+    assert "| vision | changed | log retention (days) | 30 | 7 |" in markdown
+    updated = {r.type for r in diff.created_updated if r.action == "update"}
+    assert "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration" in updated, updated
+    assert not diff.stateful_losses

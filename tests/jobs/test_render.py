@@ -19,7 +19,7 @@ from trainstack.builders.storage import CACHE_DRIVER
 from trainstack.cli import app
 from trainstack.config import ConfigError
 from trainstack.jobs.checks import platform_issues
-from trainstack.jobs.lifecycle import volcano_max_retry
+from trainstack.jobs.lifecycle import replacement_key, volcano_max_retry
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.render import render
 from trainstack.jobs.spec import Data, JobSpec, Topology, load_job
@@ -652,3 +652,50 @@ def test_gpu_pods_read_their_own_nodes_gpu_evidence(view: PlatformView) -> None:
         {**view.outputs, "monitoring": {**view.outputs["monitoring"], "gpuEvidencePort": None}}
     )
     assert "TRAINSTACK_GPU_EVIDENCE" not in env(container(job(load_job(DEMO), operator)))
+
+
+def test_jobs_tier_checkpoints_and_hand_off_into_their_teams_prefixes(view: PlatformView) -> None:
+    """On AWS every job copies its checkpoints to, and hands off into, its own folder of the
+    team's prefixes in the platform's bucket; the report learns the job from its env."""
+    spec = load_job(DEMO)
+    storage = view.storage("vision")
+    for task in job(spec, view)["spec"]["tasks"]:
+        values = env(task["template"]["spec"]["containers"][0])
+        assert values["TRAINSTACK_CHECKPOINT_S3_URI"] == (
+            f"{storage['checkpointS3Uri']}{spec.name}/"
+        )
+        assert values["TRAINSTACK_CHECKPOINT_S3_URI"].startswith("s3://")
+        assert values["TRAINSTACK_CHECKPOINT_S3_URI"].endswith(f"/teams/vision/{spec.name}/")
+        assert values["TRAINSTACK_ARTIFACT_URI"].endswith(f"/artifacts/teams/vision/{spec.name}/")
+        assert values["TRAINSTACK_IMAGE"] == spec.image
+        assert values["TRAINSTACK_JOB"] == spec.name
+        assert values["TRAINSTACK_TEAM"] == "vision"
+        doc = json.loads(values["TRAINSTACK_JOB_SPEC"])
+        assert doc["name"] == spec.name
+        assert doc["image"] == spec.image
+        assert "source" not in doc  # a path on the machine that rendered it
+
+
+def test_the_spec_in_the_env_leaves_in_place_updates_in_place(view: PlatformView) -> None:
+    """Priority is updated in place by Volcano; the spec the report reads from the pod's env
+    must not turn that update into a replacement."""
+    spec = load_job(DEMO)
+    other = dataclasses.replace(spec, priority="high" if spec.priority != "high" else "normal")
+    assert replacement_key(job(spec, view)["spec"]) == replacement_key(job(other, view)["spec"])
+    # The number of workers of a fixed gang changes in place too (tests/diff/test_diff.py).
+    bigger = dataclasses.replace(
+        spec,
+        workers=dataclasses.replace(
+            spec.workers,
+            replicas=4,
+            scale=dataclasses.replace(spec.workers.scale, min=4, max=4, size=4),
+        ),
+    )
+    assert replacement_key(job(spec, view)["spec"]) == replacement_key(job(bigger, view)["spec"])
+
+
+def test_the_authors_env_can_turn_tiering_off(view: PlatformView) -> None:
+    spec = dataclasses.replace(
+        load_job(DEMO), env=(*load_job(DEMO).env, ("TRAINSTACK_CHECKPOINT_S3_URI", ""))
+    )
+    assert env(container(job(spec, view)))["TRAINSTACK_CHECKPOINT_S3_URI"] == ""

@@ -147,6 +147,60 @@ def test_s3_stack_rules() -> None:
     }
 
 
+LIFECYCLE = "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"
+SUPERSEDED = {"trainstack.io/superseded": "true"}
+
+
+def with_lifecycle(*rules: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        *bucket_stack(True, ALL_ON),
+        (LIFECYCLE, "ckpt", {"bucket": "acme-ckpt", "rules": list(rules)}),
+    ]
+
+
+def expire(rule_filter: dict[str, Any], status: str = "Enabled") -> dict[str, Any]:
+    return {"id": "r", "status": status, "filter": rule_filter, "expiration": {"days": 30}}
+
+
+@pytest.mark.parametrize(
+    ("rules", "hit"),
+    [
+        # The platform's own: superseded copies per team, logs per team.
+        ([expire({"and": {"prefix": "teams/vision/", "tags": SUPERSEDED}})], False),
+        ([expire({"prefix": "logs/teams/vision/"})], False),
+        ([expire({"prefix": "teams/vision/"}, status="Disabled")], False),
+        # An age expiration on checkpoint copies deletes a paused job's only one.
+        ([expire({"prefix": "teams/vision/"})], True),
+        ([expire({"prefix": "teams/"})], True),
+        ([expire({"prefix": "team"})], True),  # covers teams/ too
+        ([expire({})], True),  # the whole bucket
+        ([expire({"and": {"prefix": "teams/", "tags": {"other": "true"}}})], True),
+        (
+            [expire({"tag": {"key": "trainstack.io/superseded", "value": "true"}})],
+            True,
+        ),  # artifacts
+        # Hand-offs never expire, tagged or not.
+        ([expire({"prefix": "artifacts/teams/vision/"})], True),
+        # Versions only: no expiration of current objects.
+        (
+            [
+                {
+                    "id": "v",
+                    "status": "Enabled",
+                    "filter": {"prefix": "teams/"},
+                    "noncurrentVersionExpiration": {"noncurrentDays": 7},
+                }
+            ],
+            False,
+        ),
+    ],
+)
+def test_lifecycle_rules_never_expire_latest_copies_or_hand_offs(
+    rules: list[dict[str, Any]], hit: bool
+) -> None:
+    assert rules_hit(with_lifecycle(*rules), {}) == ({"s3-expiry-keeps-latest"} if hit else set())
+
+
 PV = "kubernetes:core/v1:PersistentVolume"
 
 

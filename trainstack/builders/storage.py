@@ -42,6 +42,22 @@ ROOT_CLAIM = "shared-filesystem-root"
 CACHE_DRIVER = "cache.trainstack.io"
 TRAINING_SERVICE_ACCOUNT = "training"
 CHECKPOINT_PREFIX = "teams/"
+# The same bucket's other per-team prefixes: job logs, which only the node log collector writes
+# and the team reads (docs/logs.md), and the hand-offs of finished jobs, which the team's jobs
+# write (trainstack_runtime/handoff.py). Neither starts with CHECKPOINT_PREFIX, so the team's
+# checkpoint grants reach neither.
+LOG_PREFIX = "logs/teams/"
+ARTIFACT_PREFIX = "artifacts/teams/"
+
+
+def team_retention(cfg: PlatformConfig, team: Team) -> tuple[int, int]:
+    """(checkpoint days, log days) the bucket keeps this team's data: its own, else the
+    platform's."""
+    storage = cfg.storage
+    return (
+        team.checkpoint_retention_days or storage.retention_days,
+        team.log_retention_days or storage.log_retention_days,
+    )
 
 
 def team_checkpoint_dir(team: Team) -> str:
@@ -108,6 +124,23 @@ def team_s3_policy(cfg: PlatformConfig, team: Team, key_arn: str) -> dict[str, A
                 ],
                 "Resource": s3_prefix_arn(storage.checkpoint_bucket, prefix),
             },
+            *s3_read_statements(storage.checkpoint_bucket, f"{LOG_PREFIX}{team.name}/", "OwnLogs"),
+            {
+                "Sid": "ListOwnArtifacts",
+                "Effect": "Allow",
+                "Action": "s3:ListBucket",
+                "Resource": f"arn:aws:s3:::{storage.checkpoint_bucket}",
+                "Condition": {"StringLike": {"s3:prefix": [f"{ARTIFACT_PREFIX}{team.name}/*"]}},
+            },
+            {
+                # The hand-off of a finished job: model, report, manifest (handoff.py).
+                "Sid": "ReadWriteOwnArtifacts",
+                "Effect": "Allow",
+                "Action": ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"],
+                "Resource": s3_prefix_arn(
+                    storage.checkpoint_bucket, f"{ARTIFACT_PREFIX}{team.name}/"
+                ),
+            },
             {
                 "Sid": "CheckpointEncryption",
                 "Effect": "Allow",
@@ -165,26 +198,46 @@ SUPERSEDED_TAG = runtime_contract.SUPERSEDED_TAG
 
 
 def checkpoint_lifecycle_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
-    """Superseded copies expire after retentionDays; a job's latest copy never does (issue 17:
-    a plain `expiration` on the prefix deleted the latest checkpoint of a job paused longer).
-    Deleted or overwritten versions go noncurrentVersionDays later (S3 user guide, lifecycle
-    configuration elements: a filter `and` of prefix and tags)."""
+    """Per team (team_retention): superseded checkpoint copies expire after its checkpoint
+    days, a job's latest copy never (issue 17: a plain `expiration` on the prefix deleted the
+    latest checkpoint of a job paused longer); its job logs after its log days. Hand-offs
+    never expire. Deleted or overwritten versions under each prefix go noncurrentVersionDays
+    later. (S3 user guide, lifecycle configuration elements: a filter `and` of prefix and
+    tags; one configuration holds at most 1,000 rules, 2 per team here.)"""
     storage = cfg.storage
-    return [
-        {
-            "id": "expire-superseded-checkpoints",
-            "status": "Enabled",
-            "filter": {"and": {"prefix": CHECKPOINT_PREFIX, "tags": {SUPERSEDED_TAG: "true"}}},
-            "expiration": {"days": storage.retention_days},
-        },
-        {
-            "id": "expire-deleted-checkpoint-versions",
-            "status": "Enabled",
-            "filter": {"prefix": CHECKPOINT_PREFIX},
-            "noncurrentVersionExpiration": {"noncurrentDays": storage.noncurrent_version_days},
-            "abortIncompleteMultipartUpload": {"daysAfterInitiation": 2},
-        },
-    ]
+    rules: list[dict[str, Any]] = []
+    for team in cfg.registry.teams:
+        checkpoint_days, log_days = team_retention(cfg, team)
+        prefix = f"{CHECKPOINT_PREFIX}{team.name}/"
+        rules += [
+            {
+                "id": f"expire-superseded-checkpoints-{team.name}",
+                "status": "Enabled",
+                "filter": {"and": {"prefix": prefix, "tags": {SUPERSEDED_TAG: "true"}}},
+                "expiration": {"days": checkpoint_days},
+            },
+            {
+                "id": f"expire-logs-{team.name}",
+                "status": "Enabled",
+                "filter": {"prefix": f"{LOG_PREFIX}{team.name}/"},
+                "expiration": {"days": log_days},
+            },
+        ]
+    for what, prefix in (
+        ("checkpoint", CHECKPOINT_PREFIX),
+        ("log", LOG_PREFIX),
+        ("artifact", ARTIFACT_PREFIX),
+    ):
+        rules.append(
+            {
+                "id": f"expire-deleted-{what}-versions",
+                "status": "Enabled",
+                "filter": {"prefix": prefix},
+                "noncurrentVersionExpiration": {"noncurrentDays": storage.noncurrent_version_days},
+                "abortIncompleteMultipartUpload": {"daysAfterInitiation": 2},
+            }
+        )
+    return rules
 
 
 def _pv(
@@ -435,9 +488,15 @@ def team_storage(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
             "serviceAccount": TRAINING_SERVICE_ACCOUNT,
         }
     if storage.checkpoint_bucket is not None:
-        entry["checkpointS3Uri"] = (
-            f"s3://{storage.checkpoint_bucket}/{CHECKPOINT_PREFIX}{team.name}/"
-        )
+        bucket = storage.checkpoint_bucket
+        checkpoint_days, log_days = team_retention(cfg, team)
+        entry |= {
+            "checkpointS3Uri": f"s3://{bucket}/{CHECKPOINT_PREFIX}{team.name}/",
+            "checkpointRetentionDays": checkpoint_days,
+            "logS3Uri": f"s3://{bucket}/{LOG_PREFIX}{team.name}/",
+            "logRetentionDays": log_days,
+            "artifactS3Uri": f"s3://{bucket}/{ARTIFACT_PREFIX}{team.name}/",
+        }
     if storage.nvme_cache is not None:
         entry["cacheDriver"] = CACHE_DRIVER
     return entry

@@ -356,6 +356,8 @@ def _build_registry(doc: dict[str, Any], pool_names: tuple[str, ...]) -> m.Regis
                 max_job_hours=t["maxJobHours"],
                 iam_principals=tuple(t["access"]["iamPrincipalArns"]),
                 groups=tuple(t["access"]["groups"]),
+                checkpoint_retention_days=t["retention"].get("checkpointDays"),
+                log_retention_days=t["retention"].get("logDays"),
             )
             for t in doc["teams"]
         ),

@@ -67,6 +67,10 @@ class Team:
     max_job_hours: float = 168
     iam_principals: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
+    # The team's own retention in the platform's bucket; None: the platform's default
+    # (Storage.retention_days, Storage.log_retention_days; builders/storage.team_retention).
+    checkpoint_retention_days: int | None = None
+    log_retention_days: int | None = None
 
     @property
     def namespace(self) -> str:
@@ -280,6 +284,7 @@ class Storage:
     checkpoint_bucket: str | None = None  # aws: durable copies
     retention_days: int = 30
     noncurrent_version_days: int = 7
+    log_retention_days: int = 30  # job logs under logs/teams/<team>/ (docs/logs.md)
     # The image whose `trainstack-prewarm layout` gives each team its checkpoint directory.
     layout_image: str = "registry.example.com/trainstack/prewarm:0.1.0"
 

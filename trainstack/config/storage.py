@@ -415,4 +415,5 @@ def build_storage(
         checkpoint_bucket=bucket,
         retention_days=checkpoints["retentionDays"],
         noncurrent_version_days=checkpoints["noncurrentVersionDays"],
+        log_retention_days=storage["logs"]["retentionDays"],
     )

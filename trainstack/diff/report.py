@@ -226,7 +226,7 @@ def diff_plans(base: dict[str, Any], head: dict[str, Any]) -> StackDiff:
         kind=kind,
         status=status,
         counts=counts,
-        teams=entries(team_view(base), team_view(head), TEAM_SUMMARY),
+        teams=entries(team_view(base), team_view(head), TEAM_SUMMARY, recorded_only=True),
         capacity=capacity_section(base, head),
         storage=storage_section(
             base,

@@ -85,6 +85,14 @@ def team_view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "pools": sched.get("pools"),
             "queue": sched.get("queue"),
         }
+        if "storage" in reg:  # plans from before the team slices do not record it
+            # Where the team's data lives and how long it is kept (builders/storage.py
+            # team_storage): a shorter retention deletes logs and checkpoint copies sooner.
+            view[name] |= {
+                "checkpoint retention (days)": get(reg, "storage", "checkpointRetentionDays"),
+                "log retention (days)": get(reg, "storage", "logRetentionDays"),
+                "artifacts": get(reg, "storage", "artifactS3Uri"),
+            }
     return view
 
 
@@ -117,8 +125,14 @@ def _as_int(value: Any) -> Any:
 
 
 def entries(
-    base: dict[str, dict[str, Any]], head: dict[str, dict[str, Any]], summary_keys: tuple[str, ...]
+    base: dict[str, dict[str, Any]],
+    head: dict[str, dict[str, Any]],
+    summary_keys: tuple[str, ...],
+    *,
+    recorded_only: bool = False,
 ) -> list[Entry]:
+    """Added, removed and changed items. ``recorded_only``: a field one side does not record
+    at all (a plan from before it existed) is not a change."""
     found: list[Entry] = []
     for key in sorted(set(base) | set(head)):
         if key not in base:
@@ -129,6 +143,8 @@ def entries(
             found.append(Entry(key, "removed", summary=summary))
         else:
             fields = [*head[key], *(f for f in base[key] if f not in head[key])]
+            if recorded_only:
+                fields = [f for f in fields if f in base[key] and f in head[key]]
             changes = [
                 change
                 for f in fields

@@ -7,6 +7,8 @@ what an engineer renders with the CLI is exactly what the team stack deploys.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -76,11 +78,22 @@ def _env(spec: JobSpec, view: PlatformView, nproc: int, role: str) -> list[dict[
         # node_plan). Parameter-server jobs have no master task: their servers come first.
         contract.ENV_VOLCANO_MASTER_TASK: MASTER if spec.mode == "dataParallel" else PS,
         contract.ENV_VOLCANO_WORKER_TASK: WORKER,
-        "TRAINSTACK_JOB": spec.name,
-        "TRAINSTACK_TEAM": spec.team,
+        contract.ENV_JOB_NAME: spec.name,
+        contract.ENV_TEAM: spec.team,
+        # What the hand-off's report says of the job (trainstack_runtime/handoff.py).
+        contract.ENV_IMAGE: spec.image,
+        contract.ENV_JOB_SPEC: spec_json(spec),
     }
+    storage = view.storage(spec.team)
+    # The team's prefixes in the platform's bucket (builders/storage.team_storage), the job's
+    # folder below each: committed checkpoints copied there (tiering.py), the hand-off of the
+    # finished job (handoff.py). The author's env may turn either off ("").
+    if "checkpointS3Uri" in storage:
+        values[contract.ENV_CHECKPOINT_S3_URI] = f"{storage['checkpointS3Uri']}{spec.name}/"
+    if "artifactS3Uri" in storage:
+        values[contract.ENV_ARTIFACT_URI] = f"{storage['artifactS3Uri']}{spec.name}/"
     if spec.data is not None:
-        values |= {"DATA_VERSION": spec.data.version, "DATA_DIR": spec.data.mount_path}
+        values |= {contract.ENV_DATA_VERSION: spec.data.version, "DATA_DIR": spec.data.mount_path}
     port = _evidence_port(view) if gpu else None
     if port is not None:  # $(NODE_IP) is expanded by the kubelet: _node_ip_env() comes first
         values[contract.ENV_GPU_EVIDENCE] = f"http://$({NODE_IP_ENV}):{port}/metrics"
@@ -98,6 +111,23 @@ def _env(spec: JobSpec, view: PlatformView, nproc: int, role: str) -> list[dict[
 
 
 NODE_IP_ENV = "TRAINSTACK_NODE_IP"
+
+
+def spec_json(spec: JobSpec) -> str:
+    """The job spec as the hand-off's report records it: its typed fields, without the local
+    path it was read from, and without what Volcano updates in place (the priority, the number
+    of workers: lifecycle.UPDATABLE_JOB_FIELDS and UPDATABLE_TASK_FIELDS): in the pod
+    template they would make such an update a replacement. The report has the world size the
+    job ended with instead."""
+    doc = dataclasses.asdict(spec)
+    for key in ("source", "priority"):
+        doc.pop(key, None)
+    doc["workers"].pop("replicas", None)
+    if spec.workers.scale.elastic:  # its range is in the pods' env anyway (PET_NNODES)
+        doc["workers"]["scale"].pop("size", None)
+    else:  # a fixed gang's range is its size, which changes in place
+        doc["workers"].pop("scale", None)
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
 def _evidence_port(view: PlatformView) -> int | None:

@@ -118,6 +118,57 @@ def cni_enforces_network_policy(resources: Sequence[StackResource]) -> list[tupl
     ]
 
 
+LIFECYCLE = "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"
+# The platform bucket's prefixes (builders/storage.py): checkpoint copies, whose latest per job
+# must never expire by age, and hand-offs, which never expire at all.
+CHECKPOINTS_PREFIX = "teams/"
+ARTIFACTS_PREFIX = "artifacts/"
+SUPERSEDED = ("trainstack.io/superseded", "true")
+
+
+def _reaches(rule_prefix: str, prefix: str) -> bool:
+    """Whether objects under `prefix` can match a rule filtered on `rule_prefix`."""
+    return prefix.startswith(rule_prefix) or rule_prefix.startswith(prefix)
+
+
+def _expiry_scope(rule: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | None:
+    """(prefix, tags) an enabled rule with an expiration filters on; None for other rules."""
+    if str(rule.get("status")) != "Enabled" or not rule.get("expiration"):
+        return None
+    filt = as_map(rule.get("filter"))
+    both = as_map(filt.get("and"))
+    tags = as_map(both.get("tags"))
+    if filt.get("tag"):
+        tag = as_map(filt.get("tag"))
+        tags = {str(tag.get("key")): tag.get("value")}
+    return str(both.get("prefix", filt.get("prefix", "")) or ""), tags
+
+
+def s3_expiry_keeps_latest(resources: Sequence[StackResource]) -> list[tuple[str, str]]:
+    """No lifecycle rule of a bucket expires, by age alone, checkpoint copies (only copies a
+    newer one superseded may expire: S3 cannot keep "the newest object under a prefix", issue
+    17) or hand-offs (the model and report of a finished job)."""
+    found = []
+    for name, configs in _bucket_companions(resources, LIFECYCLE).items():
+        for rule in (as_map(r) for c in configs for r in as_seq(c.get("rules"))):
+            scope = _expiry_scope(rule)
+            if scope is None:
+                continue
+            prefix, tags = scope
+            what = f"lifecycle rule {rule.get('id', '?')} expires {prefix or 'every object'}*"
+            if _reaches(prefix, CHECKPOINTS_PREFIX) and tags.get(SUPERSEDED[0]) != SUPERSEDED[1]:
+                found.append(
+                    (
+                        name,
+                        f"{what} by age without the tag {SUPERSEDED[0]}={SUPERSEDED[1]}: it "
+                        "would delete a paused job's only checkpoint copy",
+                    )
+                )
+            if _reaches(prefix, ARTIFACTS_PREFIX):
+                found.append((name, f"{what}, where finished jobs' hand-offs are kept"))
+    return found
+
+
 PERSISTENT_VOLUME = "kubernetes:core/v1:PersistentVolume"
 
 
@@ -176,6 +227,11 @@ STACK_RULES: tuple[StackRule, ...] = (
     StackRule("s3-public-access-blocked", "S3 buckets block public access",
               "add a BucketPublicAccessBlock with all four settings true",
               s3_public_access_blocked, (BUCKET, PAB)),
+    StackRule("s3-expiry-keeps-latest",
+              "lifecycle rules never expire a job's latest checkpoint copy or a hand-off",
+              "filter age expirations under teams/ on the tag trainstack.io/superseded=true, "
+              "and leave artifacts/ out of every expiration (builders/storage.py "
+              "checkpoint_lifecycle_rules)", s3_expiry_keeps_latest, (BUCKET, LIFECYCLE)),
     StackRule("cni-enforces-network-policy",
               "NetworkPolicies are enforced by the cluster's CNI",
               "make sure the cluster's CNI enforces NetworkPolicy (Calico, Cilium, or the VPC "
