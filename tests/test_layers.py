@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("policy",),  # the rules over what the builders make
     ("jobs", "documents"),  # job specs rendered against a platform
     ("components",),  # Pulumi ComponentResources
-    ("program", "preview", "diff", "bench", "cli"),  # what runs them
+    ("program", "preview", "diff", "bench", "logs", "cli"),  # what runs them
 )
 LAYER = {name: level for level, names in enumerate(LAYERS) for name in names}
 

@@ -34,6 +34,9 @@ from trainstack.jobs.healthcheck import UsageError as HealthcheckUsage
 from trainstack.jobs.healthcheck import healthcheck
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.spec import advice, load_job
+from trainstack.logs import DEFAULT_PREFIX_ROOT, LogsError, LogsUsage
+from trainstack.logs import Options as LogsOptions
+from trainstack.logs import run as run_logs
 from trainstack.preview import policy_config as policy_files
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan, normalise, write_plan
@@ -522,6 +525,75 @@ def submit_manifest(text: str, kubeconfig: Path | None) -> int:
         command += ["--kubeconfig", str(kubeconfig)]
     done = subprocess.run(command, input=text, text=True, check=False)
     return done.returncode
+
+
+@app.command("logs", cls=Command)
+def logs_command(
+    job: Annotated[str, typer.Argument(help="The training job's name.")],
+    *,
+    team: Annotated[str, typer.Option(help="The job's team (its namespace).")],
+    bucket: Annotated[str, typer.Option(help="The bucket the node log collector writes to.")],
+    prefix_root: Annotated[
+        str, typer.Option(help="Key prefix above teams/<team>/<job>/ in the bucket.")
+    ] = DEFAULT_PREFIX_ROOT,
+    task: Annotated[str | None, typer.Option(help="Only this task (worker, master, ...).")] = None,
+    replica: Annotated[
+        int | None, typer.Option(min=0, help="Only this replica (0, 1, ...).")
+    ] = None,
+    attempt: Annotated[
+        str,
+        typer.Option(
+            metavar="N|all",
+            help="The job's run (0 first, one more after each restart), or all. Default: the "
+            "latest attempt only.",
+        ),
+    ] = "latest",
+    since: Annotated[
+        str | None,
+        typer.Option(help="Only records since a while ago (10m, 2h, 1d) or an RFC 3339 time."),
+    ] = None,
+    timestamps: Annotated[
+        bool, typer.Option("--timestamps", help="Each line's time (UTC) after its prefix.")
+    ] = False,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Then stream the live pods' logs with kubectl (needs a kubeconfig).",
+        ),
+    ] = False,
+    kubeconfig: Annotated[Path | None, typer.Option(help="kubectl's --kubeconfig.")] = None,
+    endpoint_url: Annotated[
+        str | None, typer.Option(help="An S3-compatible store's URL instead of AWS S3.")
+    ] = None,
+) -> None:
+    """Print JOB's container logs from S3, where the node log collector keeps them after its
+    pods are gone: every pod's lines merged in time order, each prefixed with its task, replica
+    and attempt. By default only the latest attempt. With --follow, then the live pods' logs
+    through `kubectl logs -f` (docs/logs.md)."""
+    options = LogsOptions(
+        job=job,
+        team=team,
+        bucket=bucket,
+        prefix_root=prefix_root,
+        task=task,
+        replica=replica,
+        attempt=attempt,
+        since=since,
+        timestamps=timestamps,
+        follow=follow,
+        kubeconfig=kubeconfig,
+        endpoint_url=endpoint_url,
+    )
+    try:
+        status = run_logs(options, typer.echo, lambda text: errors.print(text, soft_wrap=True))
+    except LogsUsage as err:
+        errors.print(Text.assemble(("error: ", "bold red"), str(err)), soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    except LogsError as err:
+        raise _fail(str(err)) from None
+    raise typer.Exit(status)
 
 
 @app.command("policy-config", cls=Command)
