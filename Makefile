@@ -32,7 +32,7 @@ MLFLOW_STAMP := $(TRAINSTACK_MLFLOW_HOME)/.installed-stamp
 
 .PHONY: setup preview test lint typecheck unit faults goldens bench-runtime bench-preview clean \
 	e2e-tools e2e bench-scheduling fuzz policy-config help setup-preview packaging bench-prewarm \
-	mutation scan-tools mlflow-server
+	mutation scan-tools mlflow-server log-tools
 
 # `make` alone lists the targets: each described by the `## ` line right above its rule.
 .DEFAULT_GOAL := help
@@ -87,7 +87,7 @@ typecheck: setup
 # runs in one process; a plain `pytest` runs in one too.
 PYTEST_WORKERS ?= 2
 ## the test suite (pytest; e2e scenarios deselected)
-unit: setup scan-tools mlflow-server
+unit: setup scan-tools mlflow-server log-tools
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS)
 
 # A fresh venv whenever the constraints change, so nothing of an earlier install lingers; never
@@ -114,6 +114,12 @@ $(MLFLOW_STAMP): $(MLFLOW_CONSTRAINTS)
 
 ## install the pinned MLflow tracking server into its own venv (the registry tests')
 mlflow-server: $(MLFLOW_STAMP)
+
+# The node log collector (docs/logs.md), one component of the e2e toolchain, built from its Go
+# modules into the same cache; a no-op when cached. tests/logs/test_collector.py runs it.
+## build the node log collector (OpenTelemetry Collector) from its Go modules
+log-tools: setup
+	$(BIN)/python -m tests.e2e.toolchain build otelcol
 
 ## the training runtime's fault-injection tests only
 faults: setup

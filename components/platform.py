@@ -21,6 +21,7 @@ from trainstack.components.eks import EksCluster, EksClusterArgs
 from trainstack.components.existing import ExistingCluster
 from trainstack.components.gpu import GpuNodePool, GpuNodePoolArgs, GpuPlugins, GpuPluginsArgs
 from trainstack.components.health import NodeHealth, NodeHealthArgs, NodeHealthAws
+from trainstack.components.logs import LogCollector, LogCollectorArgs
 from trainstack.components.monitoring import Monitoring, MonitoringArgs
 from trainstack.components.network import Network, NetworkArgs
 from trainstack.components.policy import AdmissionPolicies, AdmissionPoliciesArgs
@@ -204,7 +205,7 @@ class Platform(pulumi.ComponentResource):
             pulumi.ResourceOptions(parent=self),
         )
         self.outputs.monitoring = monitoring_output(cfg)
-        PlatformStorage(
+        storage = PlatformStorage(
             f"{name}-storage",
             PlatformStorageArgs(
                 cfg,
@@ -216,6 +217,24 @@ class Platform(pulumi.ComponentResource):
             pulumi.ResourceOptions(parent=self),
         )
         self.outputs.storage = storage_output(cfg)
+        bucket = cfg.storage.checkpoint_bucket
+        if aws_context is not None and bucket is not None and cfg.storage.log_collector:
+            assert cfg.aws is not None
+            LogCollector(
+                f"{name}-logs",
+                LogCollectorArgs(
+                    cfg,
+                    cfg.aws.region,
+                    bucket,
+                    storage.key_arn,
+                    aws_context.oidc_provider_arn,
+                    aws_context.oidc_issuer_url,
+                    aws_context.provider,
+                    k8s_provider,
+                    depends_on=[services.system_namespace],
+                ),
+                pulumi.ResourceOptions(parent=self),
+            )
         access = (
             TeamAccess(cluster_name=self.outputs.cluster_name, provider=aws_context.provider)
             if aws_context is not None

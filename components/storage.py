@@ -120,6 +120,11 @@ class PlatformStorage(pulumi.ComponentResource):
             )
         self.register_outputs({})
 
+    @property
+    def key_arn(self) -> pulumi.Output[str]:
+        """The KMS key that encrypts the bucket (AWS only): what writers to it need."""
+        return self._key.arn
+
     def _layout(
         self,
         name: str,

@@ -48,6 +48,7 @@ def test_platform_tree_and_kubernetes_children(run_program: Callable[..., Record
         ("trainstack:k8s:DeadlineEnforcer", "p-deadlines"),
         ("trainstack:k8s:Monitoring", "p-monitoring"),
         ("trainstack:storage:PlatformStorage", "p-storage"),
+        ("trainstack:logs:LogCollector", "p-logs"),  # a checkpoint bucket by default
         ("trainstack:team:TeamResources", "p-team-vision"),
         ("trainstack:policy:AdmissionPolicies", "p-admission"),
     }

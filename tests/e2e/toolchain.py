@@ -238,6 +238,18 @@ COMPONENTS: tuple[Component, ...] = (
         "github.com/rhysd/actionlint",
         {"actionlint": "github.com/rhysd/actionlint/cmd/actionlint"},
     ),
+    Component(
+        # The OpenTelemetry Collector with the log pipeline's components only (issue 44,
+        # trainstack/builders/logs.py): our main package, what the collector's builder would
+        # generate, every module at the one release v0.158.0 (tests/logs/, test_logs.py).
+        "otelcol",
+        "go.opentelemetry.io/collector/otelcol",
+        {"otelcol": "trainstack.invalid/e2e/otelcol/collector"},
+        # As the release's otelcol-contrib is built (opentelemetry-collector-releases v0.158.0
+        # distributions/otelcol-contrib/manifest.yaml build_tags).
+        tags=("grpcnotrace",),
+        sources=("collector/main.go",),
+    ),
 )
 
 BY_NAME = {c.name: c for c in COMPONENTS}

@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from trainstack.builders import autoscaler, monitoring, pools, scheduling
-from trainstack.config.model import PlatformConfig
+from trainstack.builders import autoscaler, logs, monitoring, pools, scheduling
+from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig
 
 CRD_API = "apiextensions.k8s.io/v1"
 
@@ -128,6 +128,7 @@ ADDONS: dict[str, Addon] = {
             workload=Workload("Deployment", _FULLNAME, "network-operator", "v25.7.0"),
         ),
         Addon(autoscaler.RELEASE, autoscaler.CHART, autoscaler.NAMESPACE),
+        Addon(logs.RELEASE, logs.CHART, SYSTEM_NAMESPACE),
     )
 }
 

@@ -285,6 +285,7 @@ class Storage:
     retention_days: int = 30
     noncurrent_version_days: int = 7
     log_retention_days: int = 30  # job logs under logs/teams/<team>/ (docs/logs.md)
+    log_collector: bool = True  # the node log collector that writes them (aws)
     # The image whose `trainstack-prewarm layout` gives each team its checkpoint directory.
     layout_image: str = "registry.example.com/trainstack/prewarm:0.1.0"
 

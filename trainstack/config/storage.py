@@ -416,4 +416,5 @@ def build_storage(
         retention_days=checkpoints["retentionDays"],
         noncurrent_version_days=checkpoints["noncurrentVersionDays"],
         log_retention_days=storage["logs"]["retentionDays"],
+        log_collector=storage["logs"]["collector"],
     )
