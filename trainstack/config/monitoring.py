@@ -58,7 +58,13 @@ def _unpriced_pools(
     their nodes cannot be checked here (docs/monitoring.md)."""
     if doc.get("cloud") != "aws" or not prices:
         return []
-    priced = {(p.get("instanceType"), p.get("capacity")) for p in prices}
+    # Only well-formed rows: the schema reports the others, and a list or mapping there (an
+    # alias of another node, say) is not hashable (found by tests/fuzz).
+    priced = {
+        (p.get("instanceType"), p.get("capacity"))
+        for p in prices
+        if isinstance(p.get("instanceType"), str) and isinstance(p.get("capacity"), str)
+    }
     unpriced: dict[tuple[str, str], list[str]] = {}  # one issue per missing row, all its pools
     for index, pool in dict_items(doc.get("gpuPools")):
         instance, capacity = pool.get("instanceType"), pool.get("capacity", {"type": "onDemand"})
