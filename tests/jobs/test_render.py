@@ -15,6 +15,7 @@ from trainstack_runtime.contract import FATAL, RETRYABLE, ExitCode
 from typer.testing import CliRunner
 
 from tests.conftest import ROOT
+from tests.jobs.test_elastic import resized
 from trainstack.builders.storage import CACHE_DRIVER
 from trainstack.cli import app
 from trainstack.config import ConfigError
@@ -699,3 +700,45 @@ def test_the_authors_env_can_turn_tiering_off(view: PlatformView) -> None:
         load_job(DEMO), env=(*load_job(DEMO).env, ("TRAINSTACK_CHECKPOINT_S3_URI", ""))
     )
     assert env(container(job(spec, view)))["TRAINSTACK_CHECKPOINT_S3_URI"] == ""
+
+
+def test_an_existing_clusters_object_store_reaches_every_trainer(
+    example_plans: dict[str, Plan],
+) -> None:
+    """On an existing cluster (onprem: MinIO on port 9000), jobs copy checkpoints and hand off
+    to its bucket with the team's credentials from the Secret the store's owners keep; the
+    rendezvous pod copies nothing and gets no credentials; the team's NetworkPolicy lets the
+    trainers reach the store's port."""
+    view = PlatformView(example_plans["onprem"].outputs)
+    spec = dataclasses.replace(load_job(DEMO), team="speech", pool="a100-roce")
+    manifest = render(spec, view, "speech")
+    for task in manifest["spec"]["tasks"]:
+        trainer = task["template"]["spec"]["containers"][0]
+        values = env(trainer)
+        assert (
+            values["TRAINSTACK_CHECKPOINT_S3_URI"] == f"s3://dgx-training/teams/speech/{spec.name}/"
+        )
+        assert values["TRAINSTACK_ARTIFACT_URI"] == (
+            f"s3://dgx-training/artifacts/teams/speech/{spec.name}/"
+        )
+        assert values["AWS_ENDPOINT_URL_S3"] == "https://minio.lab.internal:9000"
+        assert values["AWS_DEFAULT_REGION"] == "us-east-1"
+        assert trainer["envFrom"] == [{"secretRef": {"name": "trainstack-object-store"}}]
+    elastic = resized(
+        dataclasses.replace(load_job(ELASTIC), team="speech", pool="a100-roce"), 1, 2
+    )  # within speech's 16 GPUs
+    for task in render(elastic, view, "speech")["spec"]["tasks"]:
+        trainer = task["template"]["spec"]["containers"][0]
+        assert ("envFrom" in trainer) == (task["name"] != "rendezvous"), task["name"]
+    policies = [
+        r.inputs
+        for r in example_plans["onprem"].resources
+        if r.type.endswith("NetworkPolicy") and r.inputs["metadata"]["namespace"] == "speech"
+    ]
+    egress = [
+        p
+        for policy in policies
+        for rule in policy["spec"].get("egress", [])
+        for p in rule.get("ports", [])
+    ]
+    assert {"protocol": "TCP", "port": 9000} in egress

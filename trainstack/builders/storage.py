@@ -487,15 +487,22 @@ def team_storage(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
             "checkpointMountPath": CHECKPOINTS_MOUNT,
             "serviceAccount": TRAINING_SERVICE_ACCOUNT,
         }
-    if storage.checkpoint_bucket is not None:
-        bucket = storage.checkpoint_bucket
-        checkpoint_days, log_days = team_retention(cfg, team)
+    bucket = storage.job_bucket
+    if bucket is not None:
         entry |= {
             "checkpointS3Uri": f"s3://{bucket}/{CHECKPOINT_PREFIX}{team.name}/",
-            "checkpointRetentionDays": checkpoint_days,
             "logS3Uri": f"s3://{bucket}/{LOG_PREFIX}{team.name}/",
-            "logRetentionDays": log_days,
             "artifactS3Uri": f"s3://{bucket}/{ARTIFACT_PREFIX}{team.name}/",
+        }
+    if storage.checkpoint_bucket is not None:  # the platform's bucket: it sets the expiry
+        checkpoint_days, log_days = team_retention(cfg, team)
+        entry |= {"checkpointRetentionDays": checkpoint_days, "logRetentionDays": log_days}
+    store = storage.object_store
+    if store is not None:  # an existing cluster's store: where, and the team's credentials
+        entry |= {
+            "objectStoreEndpoint": store.endpoint,
+            "objectStoreRegion": store.region,
+            "objectStoreSecret": store.credentials_secret,
         }
     if storage.nvme_cache is not None:
         entry["cacheDriver"] = CACHE_DRIVER

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from trainstack.builders import labels
 from trainstack.builders.monitoring.common import DCGM_PORT
@@ -179,6 +180,7 @@ def network_policies(cfg: PlatformConfig, team: Team) -> list[dict[str, Any]]:
                     "ports": [{"protocol": "TCP", "port": 443}],
                 },
                 *_gpu_evidence_egress(cfg),
+                *_object_store_egress(cfg),
             ],
         },
     }
@@ -202,6 +204,26 @@ def _gpu_evidence_egress(cfg: PlatformConfig) -> list[dict[str, Any]]:
         {
             "to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
             "ports": [{"protocol": "TCP", "port": DCGM_PORT}],
+        }
+    ]
+
+
+def object_store_port(endpoint: str) -> int:
+    """The TCP port of an object store's URL (the scheme's default when it names none)."""
+    parts = urlsplit(endpoint)
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _object_store_egress(cfg: PlatformConfig) -> list[dict[str, Any]]:
+    """Jobs copy checkpoints and hand-offs to the existing cluster's object store: its port,
+    unless it is HTTPS's, which the rule above allows already (MinIO listens on 9000)."""
+    store = cfg.storage.object_store
+    if store is None or object_store_port(store.endpoint) == 443:
+        return []
+    return [
+        {
+            "to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
+            "ports": [{"protocol": "TCP", "port": object_store_port(store.endpoint)}],
         }
     ]
 

@@ -276,6 +276,16 @@ class Efs:
 
 
 @dataclass(frozen=True)
+class ObjectStore:
+    """existing clusters: an S3-compatible store the jobs copy checkpoints and hand-offs to."""
+
+    endpoint: str
+    bucket: str
+    region: str = "us-east-1"
+    credentials_secret: str = "trainstack-object-store"
+
+
+@dataclass(frozen=True)
 class Storage:
     lustre: Lustre | None = None
     efs: Efs | None = None
@@ -286,6 +296,16 @@ class Storage:
     noncurrent_version_days: int = 7
     log_retention_days: int = 30  # job logs under logs/teams/<team>/ (docs/logs.md)
     log_collector: bool = True  # the node log collector that writes them (aws)
+    object_store: ObjectStore | None = None  # existing clusters
+
+    @property
+    def job_bucket(self) -> str | None:
+        """The bucket of checkpoint copies, hand-offs and logs: the platform's (aws) or the
+        object store's (existing)."""
+        if self.object_store is not None:
+            return self.object_store.bucket
+        return self.checkpoint_bucket
+
     # The image whose `trainstack-prewarm layout` gives each team its checkpoint directory.
     layout_image: str = "registry.example.com/trainstack/prewarm:0.1.0"
 

@@ -68,6 +68,8 @@ K8S_FORMATS: dict[str, tuple[str, Callable[[str], list[str]]]] = {
     ),
     "k8s-quantity": ("Kubernetes quantity", k8s_syntax.quantity),
     "k8s-env-name": ("environment variable name", k8s_syntax.env_var_name),
+    # A Secret's name: ValidateSecretName is NameIsDNSSubdomain (apimachinery).
+    "k8s-name": ("Kubernetes object name", k8s_syntax.dns1123_subdomain),
 }
 
 

@@ -48,12 +48,9 @@ def nearest(value: int, choices: tuple[int, ...]) -> int:
     return min(choices, key=lambda c: (abs(c - value), c))
 
 
-def storage_checks(doc: Mapping[str, Any], root: str, zones: set[str] | None) -> list[ConfigIssue]:
-    storage = doc.get("storage")
-    if not isinstance(storage, Mapping):
-        return []
-    path = join_path(root, "storage")
-    cloud = doc.get("cloud")
+def _cloud_checks(storage: Mapping[str, Any], path: str, cloud: object) -> list[ConfigIssue]:
+    """What each kind of cluster can use: the storage trainstack creates on aws, the one an
+    existing cluster already has there."""
     issues: list[ConfigIssue] = []
     for key, allowed in (("lustre", "aws"), ("existingLustre", "existing")):
         if key in storage and cloud in ("aws", "existing") and cloud != allowed:
@@ -64,10 +61,28 @@ def storage_checks(doc: Mapping[str, Any], root: str, zones: set[str] | None) ->
                     f"only used with cloud: {allowed}, but cloud is {cloud}; use {other}",
                 )
             )
+    if "objectStore" in storage and cloud == "aws":
+        issues.append(
+            ConfigIssue(
+                join_path(path, "objectStore"),
+                "only used with cloud: existing; on aws the platform creates its bucket "
+                "(storage.checkpoints.bucket)",
+            )
+        )
     if "efs" in storage and cloud == "existing":
         issues.append(
             ConfigIssue(join_path(path, "efs"), "EFS is created on aws only; use existingLustre")
         )
+    return issues
+
+
+def storage_checks(doc: Mapping[str, Any], root: str, zones: set[str] | None) -> list[ConfigIssue]:
+    storage = doc.get("storage")
+    if not isinstance(storage, Mapping):
+        return []
+    path = join_path(root, "storage")
+    cloud = doc.get("cloud")
+    issues = _cloud_checks(storage, path, cloud)
     if "efs" in storage and "lustre" in storage:
         issues.append(
             ConfigIssue(
@@ -417,4 +432,14 @@ def build_storage(
         noncurrent_version_days=checkpoints["noncurrentVersionDays"],
         log_retention_days=storage["logs"]["retentionDays"],
         log_collector=storage["logs"]["collector"],
+        object_store=(
+            m.ObjectStore(
+                endpoint=storage["objectStore"]["endpoint"].rstrip("/"),
+                bucket=storage["objectStore"]["bucket"],
+                region=storage["objectStore"]["region"],
+                credentials_secret=storage["objectStore"]["credentialsSecret"],
+            )
+            if "objectStore" in storage
+            else None
+        ),
     )

@@ -92,6 +92,11 @@ def _env(spec: JobSpec, view: PlatformView, nproc: int, role: str) -> list[dict[
         values[contract.ENV_CHECKPOINT_S3_URI] = f"{storage['checkpointS3Uri']}{spec.name}/"
     if "artifactS3Uri" in storage:
         values[contract.ENV_ARTIFACT_URI] = f"{storage['artifactS3Uri']}{spec.name}/"
+    if "objectStoreEndpoint" in storage:  # boto3's settings for an S3-compatible store
+        values |= {
+            "AWS_ENDPOINT_URL_S3": storage["objectStoreEndpoint"],
+            "AWS_DEFAULT_REGION": storage["objectStoreRegion"],
+        }
     if spec.data is not None:
         values |= {contract.ENV_DATA_VERSION: spec.data.version, "DATA_DIR": spec.data.mount_path}
     port = _evidence_port(view) if gpu else None
@@ -111,6 +116,18 @@ def _env(spec: JobSpec, view: PlatformView, nproc: int, role: str) -> list[dict[
 
 
 NODE_IP_ENV = "TRAINSTACK_NODE_IP"
+
+
+def _store_credentials(storage: Mapping[str, Any], role: str) -> dict[str, Any]:
+    """An existing cluster's object store: the team's credentials from the Secret its owners
+    keep in the team's namespace (storage.objectStore.credentialsSecret), as boto3's
+    AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. Not optional: a job whose copies could not
+    be written fails to start, naming the Secret, rather than at its first checkpoint. The
+    rendezvous pod copies nothing and gets none."""
+    secret = storage.get("objectStoreSecret")
+    if secret is None or role == RENDEZVOUS:
+        return {}
+    return {"envFrom": [{"secretRef": {"name": secret}}]}
 
 
 def spec_json(spec: JobSpec) -> str:
@@ -254,6 +271,7 @@ def _pod(
             copy.deepcopy(INSTANCE_ENV),
             copy.deepcopy(INCARNATION_ENV),
         ],
+        **_store_credentials(storage, role),
         "resources": _resources(requests, limits),
         "ports": [{"name": "metrics", "containerPort": contract.HEALTH_PORT_DEFAULT}],
         "livenessProbe": {
