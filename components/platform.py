@@ -21,7 +21,7 @@ from trainstack.components.eks import EksCluster, EksClusterArgs
 from trainstack.components.existing import ExistingCluster
 from trainstack.components.gpu import GpuNodePool, GpuNodePoolArgs, GpuPlugins, GpuPluginsArgs
 from trainstack.components.health import NodeHealth, NodeHealthArgs, NodeHealthAws
-from trainstack.components.logs import LogCollector, LogCollectorArgs
+from trainstack.components.logs import AwsLogAccess, LogCollector, LogCollectorArgs
 from trainstack.components.monitoring import Monitoring, MonitoringArgs
 from trainstack.components.network import Network, NetworkArgs
 from trainstack.components.policy import AdmissionPolicies, AdmissionPoliciesArgs
@@ -217,20 +217,25 @@ class Platform(pulumi.ComponentResource):
             pulumi.ResourceOptions(parent=self),
         )
         self.outputs.storage = storage_output(cfg)
-        bucket = cfg.storage.checkpoint_bucket
-        if aws_context is not None and bucket is not None and cfg.storage.log_collector:
-            assert cfg.aws is not None
+        bucket = cfg.storage.job_bucket
+        if bucket is not None and cfg.storage.log_collector:
             LogCollector(
                 f"{name}-logs",
                 LogCollectorArgs(
                     cfg,
-                    cfg.aws.region,
                     bucket,
-                    storage.key_arn,
-                    aws_context.oidc_provider_arn,
-                    aws_context.oidc_issuer_url,
-                    aws_context.provider,
+                    _store_region(cfg),
                     k8s_provider,
+                    aws=(
+                        AwsLogAccess(
+                            storage.key_arn,
+                            aws_context.oidc_provider_arn,
+                            aws_context.oidc_issuer_url,
+                            aws_context.provider,
+                        )
+                        if aws_context is not None
+                        else None
+                    ),
                     depends_on=[services.system_namespace],
                 ),
                 pulumi.ResourceOptions(parent=self),
@@ -282,3 +287,11 @@ class Platform(pulumi.ComponentResource):
         self.outputs.registry = {"groups": registry_groups(cfg)}
         self.outputs.teams = team_outputs(cfg)
         self.register_outputs({"clusterName": self.outputs.cluster_name})
+
+
+def _store_region(cfg: PlatformConfig) -> str:
+    """The job bucket's region: the cluster's on AWS, the object store's elsewhere."""
+    if cfg.aws is not None:
+        return cfg.aws.region
+    assert cfg.storage.object_store is not None, "a job bucket is the platform's or the store's"
+    return cfg.storage.object_store.region

@@ -12,6 +12,7 @@ import pytest
 from tests.components.test_storage import load, run
 from tests.conftest import Recorded
 from trainstack.builders import logs
+from trainstack.components.platform import Platform
 from trainstack.config import PlatformConfig
 
 ROLE = "aws:iam/role:Role"
@@ -71,3 +72,21 @@ def test_a_stack_may_leave_the_collector_out(
     rec = run(run_program, cfg)
     assert not [r for r in rec.of_type(RELEASE) if r.name == "p-logs-release"]
     assert not rec.of_type("trainstack:logs:LogCollector")
+
+
+def test_on_an_existing_cluster_it_writes_to_the_object_store_with_its_own_keys(
+    run_program: Callable[..., Recorded],
+) -> None:
+    """onprem: no AWS resource; the chart gets the store's endpoint (path-style) and the keys
+    of the Secret its owners keep in trainstack-system."""
+    cfg = load("onprem")
+    rec = run_program(lambda: Platform("p", cfg), region="us-east-1")
+    assert not [r for r in rec.records if r.type.startswith("aws:")]
+    values = rec.one(RELEASE, "p-logs-release").inputs["values"]
+    assert values["extraEnvsFrom"] == [{"secretRef": {"name": "trainstack-log-collector"}}]
+    assert "annotations" not in values["serviceAccount"]
+    exporter = values["alternateConfig"]["exporters"]
+    (s3,) = [v for k, v in exporter.items() if k.startswith("awss3")]
+    assert s3["s3uploader"]["s3_bucket"] == "dgx-training"
+    assert s3["s3uploader"]["endpoint"] == "https://minio.lab.internal:9000"
+    assert s3["s3uploader"]["s3_force_path_style"] is True

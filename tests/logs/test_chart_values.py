@@ -74,6 +74,7 @@ def coalesced(ours: dict[str, Any]) -> dict[str, Any]:
             "us-east-1",
             role_arn="arn:aws:iam::000000000000:role/log-collector",
             endpoint="https://minio.lab.internal:9000",
+            credentials_secret="trainstack-log-collector",
         ),
     ],
     ids=["aws", "s3-compatible"],

@@ -416,6 +416,7 @@ def collector_values(
     role_arn: str | None = None,
     endpoint: str | None = None,
     teams: Sequence[str] | None = None,
+    credentials_secret: str | None = None,
 ) -> dict[str, Any]:
     """Values of the pinned chart: one collector per node (daemonset) with `collector_config`.
 
@@ -450,6 +451,14 @@ def collector_values(
         }
         | {"zipkin": {"enabled": False}, "metrics": {"enabled": True}},
         "serviceAccount": service_account,
+        # An existing cluster's store: keys that may write logs/teams/ only, from a Secret in
+        # the collector's namespace (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY: the AWS SDK's
+        # environment credentials, which awss3exporter's default chain reads).
+        **(
+            {"extraEnvsFrom": [{"secretRef": {"name": credentials_secret}}]}
+            if credentials_secret is not None
+            else {}
+        ),
         "tolerations": [dict(GPU_TOLERATION), dict(HEALTH_TOLERATION)],
         "priorityClassName": "system-node-critical",
         "resources": {

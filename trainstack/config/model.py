@@ -283,6 +283,7 @@ class ObjectStore:
     bucket: str
     region: str = "us-east-1"
     credentials_secret: str = "trainstack-object-store"
+    collector_secret: str = "trainstack-log-collector"  # in trainstack-system
 
 
 @dataclass(frozen=True)

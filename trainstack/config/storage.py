@@ -438,6 +438,7 @@ def build_storage(
                 bucket=storage["objectStore"]["bucket"],
                 region=storage["objectStore"]["region"],
                 credentials_secret=storage["objectStore"]["credentialsSecret"],
+                collector_secret=storage["objectStore"]["collectorSecret"],
             )
             if "objectStore" in storage
             else None
