@@ -56,8 +56,11 @@ def _tagged(s3: Any, prefix: str) -> set[str]:
 def test_the_tag_is_the_one_the_lifecycle_rule_expires() -> None:
     cfg = load_stack_file(ROOT / "stacks" / "Pulumi.prod.yaml")
     assert isinstance(cfg, PlatformConfig)
-    [rule] = [r for r in checkpoint_lifecycle_rules(cfg) if "and" in r["filter"]]
-    assert rule["filter"]["and"]["tags"] == {SUPERSEDED_TAG: "true"}
+    # One rule per team since issue 44 (its own retention), each on the runtime's tag.
+    rules = [r for r in checkpoint_lifecycle_rules(cfg) if "and" in r["filter"]]
+    assert len(rules) == len(cfg.registry.teams)
+    for rule in rules:
+        assert rule["filter"]["and"]["tags"] == {SUPERSEDED_TAG: "true"}
     assert BUCKET_RULE_TAG == SUPERSEDED_TAG
 
 
