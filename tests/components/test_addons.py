@@ -164,7 +164,7 @@ def test_every_add_on_of_a_platform_can_be_pre_installed(
     run_program: Callable[..., Recorded],
 ) -> None:
     keys = ["volcano", "kube-prometheus-stack", "dcgm-exporter", "nvidia-device-plugin"]
-    keys += ["network-operator"]
+    keys += ["network-operator", "log-collector"]
     cfg = onprem({k: {"preInstalled": True} for k in keys})
     rec = run_program(lambda: Platform(cfg.cluster_name, cfg))
     assert rec.of_type(RELEASE) == []
@@ -176,6 +176,7 @@ def test_every_add_on_of_a_platform_can_be_pre_installed(
             "dgx-onprem-monitoring-dcgm-exporter",
             "dgx-onprem-gpu-plugins-nvidia-device-plugin",
             "dgx-onprem-gpu-plugins-network-operator",
+            "dgx-onprem-logs-release",
         ]
     )
     nic = "nicclusterpolicies.mellanox.com"
@@ -190,7 +191,7 @@ def test_pre_installed_workloads_are_read_by_their_charts_names(
     """Names from each chart's templates at the pinned version (builders/addons.py cites them):
     Helm's fullname is the release when it contains the chart name."""
     keys = ["dcgm-exporter", "nvidia-device-plugin", "network-operator"]
-    keys += ["volcano"]
+    keys += ["volcano", "log-collector"]
     sources: dict[str, Any] = {k: {"preInstalled": True} for k in keys}
     sources["dcgm-exporter"] = {"preInstalled": {"namespace": "gpu-monitoring", "release": "dcgm"}}
     cfg = onprem(sources)
@@ -205,6 +206,7 @@ def test_pre_installed_workloads_are_read_by_their_charts_names(
         "DaemonSet trainstack-system/nvidia-device-plugin",
         "Deployment trainstack-system/network-operator",
         "Deployment volcano-system/volcano-scheduler",
+        "DaemonSet trainstack-system/log-collector-opentelemetry-collector-agent",
     }
 
 

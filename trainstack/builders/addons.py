@@ -128,7 +128,17 @@ ADDONS: dict[str, Addon] = {
             workload=Workload("Deployment", _FULLNAME, "network-operator", "v25.7.0"),
         ),
         Addon(autoscaler.RELEASE, autoscaler.CHART, autoscaler.NAMESPACE),
-        Addon(logs.RELEASE, logs.CHART, SYSTEM_NAMESPACE),
+        # opentelemetry-collector 0.170.0: templates/daemonset.yaml names it
+        # `{{ fullname }}-agent`, its container the lower-cased chart name (_pod.tpl); our
+        # values set the image tag to the release the chart's appVersion is.
+        Addon(
+            logs.RELEASE,
+            logs.CHART,
+            SYSTEM_NAMESPACE,
+            workload=Workload(
+                "DaemonSet", f"{_FULLNAME}-agent", "opentelemetry-collector", logs.COLLECTOR_RELEASE
+            ),
+        ),
     )
 }
 
