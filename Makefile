@@ -18,7 +18,11 @@ CHECKOV_CONSTRAINTS := tests/conformance/checkov-constraints.txt
 CHECKOV_VERSION := $(shell sed -n 's/^checkov==//p' $(CHECKOV_CONSTRAINTS))
 TRAINSTACK_CHECKOV_HOME ?= $(HOME)/.cache/trainstack/checkov-$(CHECKOV_VERSION)
 export TRAINSTACK_CHECKOV_HOME
-CHECKOV_STAMP := $(TRAINSTACK_CHECKOV_HOME)/.installed-stamp
+# Stamps are named by the pins' content, not dated: a clean clone's files are newer than any
+# stamp, so a dated stamp reinstalled both venvs on every CI run (a minute or more) although
+# nothing had changed. Another content: another stamp, a fresh venv.
+pins_hash = $(shell sha256sum $(1) | cut -c1-16)
+CHECKOV_STAMP := $(TRAINSTACK_CHECKOV_HOME)/.installed-$(call pins_hash,$(CHECKOV_CONSTRAINTS))
 # The MLflow tracking server that tests/runtime/test_registry.py and test_handoff.py register
 # models in (the runtime's registry client, registry.py): mlflow-skinny and the server's
 # dependencies, the whole tree pinned in MLFLOW_CONSTRAINTS, installed into a venv of its own
@@ -28,7 +32,7 @@ MLFLOW_CONSTRAINTS := tests/runtime/mlflow-constraints.txt
 MLFLOW_VERSION := $(shell sed -n 's/^mlflow-skinny==//p' $(MLFLOW_CONSTRAINTS))
 TRAINSTACK_MLFLOW_HOME ?= $(HOME)/.cache/trainstack/mlflow-$(MLFLOW_VERSION)
 export TRAINSTACK_MLFLOW_HOME
-MLFLOW_STAMP := $(TRAINSTACK_MLFLOW_HOME)/.installed-stamp
+MLFLOW_STAMP := $(TRAINSTACK_MLFLOW_HOME)/.installed-$(call pins_hash,$(MLFLOW_CONSTRAINTS))
 
 .PHONY: setup preview test lint typecheck unit faults goldens bench-runtime bench-preview clean \
 	e2e-tools e2e bench-scheduling fuzz policy-config help setup-preview packaging bench-prewarm \
@@ -92,7 +96,7 @@ unit: setup scan-tools mlflow-server log-tools
 
 # A fresh venv whenever the constraints change, so nothing of an earlier install lingers; never
 # one over a folder that is not a venv (TRAINSTACK_CHECKOV_HOME set by mistake).
-$(CHECKOV_STAMP): $(CHECKOV_CONSTRAINTS)
+$(CHECKOV_STAMP):
 	@test ! -e $(TRAINSTACK_CHECKOV_HOME) || test -f $(TRAINSTACK_CHECKOV_HOME)/pyvenv.cfg || \
 		{ echo "$(TRAINSTACK_CHECKOV_HOME) is not a venv: not replacing it" >&2; exit 1; }
 	$(PYTHON) -m venv --clear $(TRAINSTACK_CHECKOV_HOME)
@@ -105,7 +109,7 @@ scan-tools: $(CHECKOV_STAMP)
 
 # As the scanner's: a fresh venv whenever the pins change, never over a folder that is not one.
 # The file is a complete freeze, so it is both the requirements and the constraints.
-$(MLFLOW_STAMP): $(MLFLOW_CONSTRAINTS)
+$(MLFLOW_STAMP):
 	@test ! -e $(TRAINSTACK_MLFLOW_HOME) || test -f $(TRAINSTACK_MLFLOW_HOME)/pyvenv.cfg || \
 		{ echo "$(TRAINSTACK_MLFLOW_HOME) is not a venv: not replacing it" >&2; exit 1; }
 	$(PYTHON) -m venv --clear $(TRAINSTACK_MLFLOW_HOME)
