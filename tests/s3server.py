@@ -10,10 +10,13 @@ with a plain ``boto3.client("s3")`` reaches it, as a job on an existing cluster 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any, Self
 
 import pytest
+import xxhash
 from moto.server import ThreadedMotoServer
 
 AWS_ENV = {
@@ -43,3 +46,36 @@ def moto_s3(*, endpoint_env: bool = False) -> Iterator[str]:
             yield url
         finally:
             server.stop()
+
+
+class PollingReader:
+    """Reads an S3 location from a thread while a job writes it (a context manager):
+    ``poll_once`` says what a reader would take for complete; ``check_files`` downloads what a
+    manifest lists and records every file that is not the bytes the manifest says."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.poll_once()
+
+    def poll_once(self) -> None:
+        raise NotImplementedError
+
+    def check_files(self, bucket: str, prefix: str, manifest: dict[str, Any], what: str) -> None:
+        for name, meta in manifest["files"].items():
+            data = self.client.get_object(Bucket=bucket, Key=prefix + name)["Body"].read()
+            if len(data) != meta["size"] or xxhash.xxh3_128_hexdigest(data) != meta["xxh3_128"]:
+                self.failures.append(f"{what}{name}: not the bytes its manifest lists")

@@ -15,7 +15,6 @@ import importlib.util
 import io
 import json
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +22,9 @@ from typing import Any
 
 import boto3
 import pytest
-import xxhash
 
 from tests.runtime.harness import HAVE_TORCH, TRAIN_SCRIPT, RunJob
-from tests.s3server import AWS_ENV, moto_s3
+from tests.s3server import AWS_ENV, PollingReader, moto_s3
 
 pytestmark = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
 
@@ -76,38 +74,21 @@ def _env(uri: str, endpoint: str, attempt: int) -> dict[str, str]:
     }
 
 
-class Poller:
+class Poller(PollingReader):
     """Reads the artifact location while the job runs: once a manifest is there, every file
     it lists must be there, whole."""
 
     def __init__(self, uri: str) -> None:
-        self.client = boto3.client("s3")
+        super().__init__(boto3.client("s3"))
         self.bucket, self.prefix = handoff._s3(uri)
         self.uri = uri
         self.seen_complete = 0
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> Poller:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.02):
-            manifest = handoff.published(self.uri, self.client)
-            if manifest is None:
-                continue
+    def poll_once(self) -> None:
+        manifest = handoff.published(self.uri, self.client)
+        if manifest is not None:
             self.seen_complete += 1
-            for name, meta in manifest["files"].items():
-                obj = self.client.get_object(Bucket=self.bucket, Key=self.prefix + name)
-                data = obj["Body"].read()
-                if len(data) != meta["size"] or xxhash.xxh3_128_hexdigest(data) != meta["xxh3_128"]:
-                    self.failures.append(f"{name}: not the bytes its manifest lists")
+            self.check_files(self.bucket, self.prefix, manifest, "")
 
 
 def _get(uri: str, name: str) -> bytes:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 import xxhash
 
 from tests.runtime.harness import HAVE_TORCH, Baseline, RunJob, assert_matches_baseline
-from tests.s3server import AWS_ENV, moto_s3
+from tests.s3server import AWS_ENV, PollingReader, moto_s3
 
 pytestmark = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
 
@@ -224,41 +223,25 @@ def test_older_copies_are_tagged_for_expiry_after_each_upload(
     assert tagged(3) == {False}
 
 
-class Poller:
+class Poller(PollingReader):
     """Reads the store while a job writes it: every copy it finds complete must download and
-    match every checksum of its manifest."""
+    match every size and checksum of its manifest."""
 
     def __init__(self, uri: str) -> None:
-        self.tier = ObjectTier(uri, boto3.client("s3"))
+        super().__init__(boto3.client("s3"))
+        self.tier = ObjectTier(uri, self.client)
         self.complete: set[int] = set()
         self.incomplete_seen = 0
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> Poller:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.02):
-            steps = step_prefixes(self.tier.client, self.tier.bucket, self.tier.prefix)
-            for step in steps:
-                manifest = self.tier.complete_copy(step)
-                if manifest is None:
-                    self.incomplete_seen += 1
-                    continue
-                self.complete.add(step)
-                for name, meta in manifest["files"].items():
-                    key = f"{self.tier.prefix}{step_dir_name(step)}/{name}"
-                    body = self.tier.client.get_object(Bucket=self.tier.bucket, Key=key)
-                    data = body["Body"].read()
-                    if xxhash.xxh3_128_hexdigest(data) != meta["xxh3_128"]:
-                        self.failures.append(f"step {step}: {name} differs from its manifest")
+    def poll_once(self) -> None:
+        for step in step_prefixes(self.client, self.tier.bucket, self.tier.prefix):
+            manifest = self.tier.complete_copy(step)
+            if manifest is None:
+                self.incomplete_seen += 1
+                continue
+            self.complete.add(step)
+            folder = f"{self.tier.prefix}{step_dir_name(step)}/"
+            self.check_files(self.tier.bucket, folder, manifest, f"step {step}: ")
 
 
 @pytest.mark.faults
