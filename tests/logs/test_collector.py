@@ -32,9 +32,10 @@ from typing import Any
 import boto3
 import pytest
 import yaml
-from moto.server import ThreadedMotoServer
 
 from tests.e2e import toolchain
+from tests.s3server import AWS_ENV as TEST_AWS_ENV
+from tests.s3server import moto_s3
 from trainstack.builders import logs
 from trainstack.jobs.render import RETRY_COUNT_ANNOTATION
 from trainstack.logs import parse_object
@@ -47,6 +48,7 @@ AWS_ENV = {
     "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
     "AWS_EC2_METADATA_DISABLED": "true",
 }
+assert TEST_AWS_ENV["AWS_DEFAULT_REGION"] == REGION
 T0 = 1_796_464_800 * 1_000_000_000  # 2026-12-05T10:00:00Z in Unix nanoseconds
 
 
@@ -218,20 +220,9 @@ def wait_for_records(
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[str]:
-    """moto's S3 server on loopback, on a port the OS picks."""
-    with pytest.MonkeyPatch.context() as mp:
-        for key in [k for k in os.environ if k.startswith("AWS_")]:
-            mp.delenv(key)
-        for key, value in AWS_ENV.items():
-            mp.setenv(key, value)
-        mp.setenv("AWS_DEFAULT_REGION", REGION)
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        try:
-            yield f"http://{host}:{port}"
-        finally:
-            server.stop()
+    """moto's S3 server on loopback, on a port the OS picks (its region is REGION)."""
+    with moto_s3() as url:
+        yield url
 
 
 def s3_client(endpoint: str) -> Any:
