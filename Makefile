@@ -123,7 +123,7 @@ mlflow-server: $(MLFLOW_STAMP)
 # modules into the same cache; a no-op when cached. tests/logs/test_collector.py runs it.
 ## build the node log collector (OpenTelemetry Collector) from its Go modules
 log-tools: setup
-	$(BIN)/python -m tests.e2e.toolchain build otelcol
+	$(BIN)/python -m trainstack.sandbox.toolchain build otelcol
 
 ## the training runtime's fault-injection tests only
 faults: setup
@@ -195,7 +195,7 @@ bench-preview: setup
 # 2026-12-04: docs/testing.md, "CI's time budget"), warm a no-op.
 ## build the pinned control-plane tools (cold ~35 min)
 e2e-tools: setup
-	$(BIN)/python -m tests.e2e.toolchain build
+	$(BIN)/python -m trainstack.sandbox.toolchain build
 
 # Scenario tests on that control plane; last line: one JSON object of outcome counts.
 ## scenario tests on a real control plane; last line JSON

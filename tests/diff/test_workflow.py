@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.e2e import toolchain
+from trainstack.sandbox import toolchain
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 WORKFLOW = WORKFLOWS / "plan-diff.yml"
@@ -47,7 +47,8 @@ def triggers(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def actionlint() -> str:
-    """actionlint as `make e2e-tools` builds it from its Go module (tests/e2e/toolchain.py)."""
+    """actionlint as `make e2e-tools` builds it from its Go module
+    (trainstack/sandbox/toolchain.py)."""
     try:
         return str(toolchain.locate("actionlint")["actionlint"])
     except toolchain.MissingTools as missing:

@@ -46,9 +46,6 @@ from typing import Any
 import yaml
 
 from tests.conftest import ROOT, reference_dir
-from tests.e2e import deploy, toolchain
-from tests.e2e.cluster import ControlPlane
-from tests.e2e.kube import Kube
 from trainstack.bench.org import OrgSize, job_spec, platform_config
 from trainstack.bench.targets import Target, report
 from trainstack.builders.fabric import GPU_RESOURCE
@@ -57,7 +54,10 @@ from trainstack.config.model import PlatformConfig
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.render import render
 from trainstack.jobs.spec import build
+from trainstack.kube import Kube
 from trainstack.preview.engine import Previewer, Project
+from trainstack.sandbox import deploy, toolchain
+from trainstack.sandbox.cluster import ControlPlane
 
 NODES_PER_POOL = 26
 JOBS = 250

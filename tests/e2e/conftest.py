@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +16,12 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, reference_dir
-from tests.e2e import deploy, toolchain
-from tests.e2e.cluster import ControlPlane
-from tests.e2e.kube import Identity, Kube, wait_for
-from trainstack.builders.scheduling import scheduler_config
-from trainstack.builders.teams import team_group
-from trainstack.config.model import PlatformConfig
+from trainstack.kube import Kube
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan
+from trainstack.sandbox import toolchain
+from trainstack.sandbox.cluster import ControlPlane
+from trainstack.sandbox.stacks import Deployed, deploy_platform
 
 HERE = Path(__file__).resolve().parent
 
@@ -72,43 +69,9 @@ def previewer() -> Previewer:
     return Previewer(Project.find(ROOT))
 
 
-@dataclass
-class Deployed:
-    """A platform stack applied to the control plane, its nodes created, its scheduler running."""
-
-    stack: str
-    cfg: PlatformConfig
-    plan: Plan
-    outcome: deploy.Outcome
-    plane: ControlPlane
-
-    @property
-    def kube(self) -> Kube:
-        return self.plane.kube
-
-    def member(self, team: str) -> Identity:
-        """A person of `team`, as EKS access entries or the IdP present them."""
-        entry = next(t for t in self.cfg.registry.teams if t.name == team)
-        return Identity(f"{team}-member@example.com", (team_group(entry), "system:authenticated"))
-
-
 def deploy_stack(plane: ControlPlane, previewer: Previewer, stack: str) -> Deployed:
-    deploy.reset(plane.kube)
-    cfg, _ = previewer.load(stack)
-    assert isinstance(cfg, PlatformConfig), f"{stack} is not a platform stack"
-    plan = previewer.preview(stack)
-    outcome = deploy.converge(plane.kube, plan)
-    assert not outcome.errors, f"{stack}: objects never accepted: {outcome.errors}"
-    deploy.simulate_nodes(plane.kube, cfg, plan)
-    plane.restart_scheduler(scheduler_config(cfg))
-
-    def queues_open() -> bool:
-        queues = plane.kube.list("scheduling.volcano.sh/v1beta1", "Queue")
-        return all(q.get("status", {}).get("state") == "Open" for q in queues)
-
-    wait_for(f"{stack}'s queues Open", queues_open, timeout=60)
-    plane.check()
-    return Deployed(stack, cfg, plan, outcome, plane)
+    """The platform stack `stack` on the session's control plane, as the sandbox deploys it."""
+    return deploy_platform(plane, previewer, stack)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 against the platform stack's outputs by `trainstack.jobs.render` (what TrainingJob deploys).
 
 Scenario knobs that no spec has (a pod exiting with a code, after a delay) are pod-template
-annotations read by the kwok stages (tests/e2e/kwok-stages.yaml).
+annotations read by the kwok stages (trainstack/sandbox/kwok-stages.yaml).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from tests.e2e.conftest import Deployed
-from tests.e2e.kube import Identity, wait_for
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.render import render
 from trainstack.jobs.spec import build
+from trainstack.kube import Identity, wait_for
 
 EXIT_CODE = "e2e.trainstack.io/exit-code"
 EXIT_AFTER = "e2e.trainstack.io/exit-after"

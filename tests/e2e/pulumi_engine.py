@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 from pulumi import automation as auto
 
-from tests.e2e import toolchain
+from trainstack.sandbox import toolchain
 
 PASSPHRASE = "trainstack-e2e"  # the file backend's secrets; the state lives in a temp dir
 _CLI_ROOT = "TRAINSTACK_E2E_PULUMI_ROOT"

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import Deployed
-from tests.e2e.kube import ApiError, wait_for
 from tests.policy.test_equivalence import CASES, CONFIG, RULES, Mutation, demo_job, trainer
 from trainstack.builders.admission import QUEUE_POLICY
+from trainstack.kube import ApiError, wait_for
 from trainstack.policy.admission import POLICY_PREFIX, admission_policies
 from trainstack.policy.isolation import POOL_LABEL
 from trainstack.policy.objects import VOLCANO_JOB

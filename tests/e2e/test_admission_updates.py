@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import Deployed
-from tests.e2e.kube import ApiError, wait_for
 from tests.policy.test_equivalence import CONFIG, demo_job
 from tests.policy.test_updates import TIGHTER
 from trainstack.builders import labels
+from trainstack.kube import ApiError, wait_for
 from trainstack.policy.admission import admission_policies
 from trainstack.policy.rules import MAX_DURATION_ANNOTATION
 from trainstack.preview.engine import Previewer

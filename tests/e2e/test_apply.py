@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import EXAMPLE_STACKS
-from tests.e2e import deploy
-from tests.e2e.cluster import ControlPlane
-from tests.e2e.kube import Kube
 from trainstack.config.model import TeamStackConfig
+from trainstack.kube import Kube
 from trainstack.preview.engine import Previewer
+from trainstack.sandbox import deploy
+from trainstack.sandbox.cluster import ControlPlane
 
 PLATFORMS = [s for s in EXAMPLE_STACKS if s != "vision"]
 

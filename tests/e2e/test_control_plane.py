@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.e2e import toolchain
-from tests.e2e.cluster import ControlPlane
-from tests.e2e.kube import Kube, wait_for
+from trainstack.kube import Kube, wait_for
+from trainstack.sandbox import toolchain
+from trainstack.sandbox.cluster import ControlPlane
 
 
 def test_versions_are_the_pinned_ones(kube: Kube) -> None:

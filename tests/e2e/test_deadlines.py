@@ -36,8 +36,8 @@ from trainstack_deadlines.metrics import Metrics
 
 from tests.e2e import jobs
 from tests.e2e.conftest import Deployed
-from tests.e2e.kube import wait_for
 from trainstack.builders.deadlines import args
+from trainstack.kube import wait_for
 
 LINGER = "e2e.trainstack.io/linger"  # kwok-stages.yaml: the pod stays Terminating
 COMMAND = ("bus.volcano.sh/v1alpha1", "Command")

@@ -33,7 +33,7 @@ each would have done before issue 37:
   namespace whoever creates it.
 
 **The kubelet and the kernel**, in a mount namespace of the test's own: the kubelet's real
-sub-path code at the pinned version (`kubelet-subpath`, tests/e2e/tools/kubernetes/
+sub-path code at the pinned version (`kubelet-subpath`, trainstack/sandbox/tools/kubernetes/
 subpathprobe, called as makeMounts calls it) over a file system laid out as the platform lays
 it out. A symlink a member plants in its checkpoint directory (relative, absolute, through a
 chain, to another pod's volume on the node) reaches another team's files when the team's
@@ -59,8 +59,8 @@ import pytest
 
 from tests.e2e import jobs
 from tests.e2e.conftest import Deployed
-from tests.e2e.kube import ApiError, becomes, wait_for
 from trainstack.builders.storage import TEAM_DIR_MODE, TRAINER_GID
+from trainstack.kube import ApiError, becomes, wait_for
 from trainstack.preview.engine import Previewer
 
 Mutation = Callable[[dict[str, Any]], None]

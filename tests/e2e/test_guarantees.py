@@ -29,12 +29,12 @@ import yaml
 
 from tests.conftest import ROOT
 from tests.e2e import jobs
-from tests.e2e.cluster import ControlPlane
 from tests.e2e.conftest import Deployed, deploy_stack
-from tests.e2e.kube import wait_for
 from trainstack.builders.fabric import GPU_RESOURCE
 from trainstack.builders.pools import gpus_per_node, max_nodes
+from trainstack.kube import wait_for
 from trainstack.preview.engine import Previewer, Project
+from trainstack.sandbox.cluster import ControlPlane
 
 QUEUE = ("scheduling.volcano.sh/v1beta1", "Queue")
 

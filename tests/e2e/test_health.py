@@ -30,10 +30,11 @@ from trainstack_health.kube import Access, ApiError
 from trainstack_health.kube import Kube as HealthKube
 from trainstack_health.repair.cli import main as repair_main
 
-from tests.e2e import deploy, jobs, nodes
+from tests.e2e import jobs
 from tests.e2e.conftest import Deployed
-from tests.e2e.kube import wait_for
 from trainstack.builders.health_access import AGENT_POLICY, REPAIR_POLICY
+from trainstack.kube import wait_for
+from trainstack.sandbox import deploy, nodes
 
 FIXTURES = Path(__file__).resolve().parent.parent / "health" / "fixtures"
 POOL = "h100-reserved"

@@ -19,9 +19,9 @@ from trainstack_runtime.contract import ExitCode
 
 from tests.e2e import jobs
 from tests.e2e.conftest import Deployed
-from tests.e2e.kube import ApiError, wait_for
 from trainstack.jobs.lifecycle import EXIT_ACTIONS, SIGNAL_EXITS, replacement_key
 from trainstack.jobs.render import RETRY_COUNT_ANNOTATION
+from trainstack.kube import ApiError, wait_for
 
 # The phases each action leads to (Volcano pkg/controllers/job/state/*.go). Aborting and
 # Terminating become Aborted and Terminated on the job's next sync once no pod is alive

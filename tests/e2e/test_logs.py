@@ -3,8 +3,8 @@
 A Volcano job rendered by the job layer runs on the prod platform (kwok "runs" its pods). For
 its real pods (names, uids, node) the test writes CRI log files under a temporary root, laid
 out as the kubelet lays them out, and runs the collector built from its Go modules
-(tests/e2e/toolchain.py, `otelcol`) with `trainstack.builders.logs.collector_config`: the real
-k8s_attributes processor watches the real API server, authenticated by a token of a
+(trainstack/sandbox/toolchain.py, `otelcol`) with `trainstack.builders.logs.collector_config`:
+the real k8s_attributes processor watches the real API server, authenticated by a token of a
 ServiceAccount holding exactly the rules the chart's kubernetesAttributes preset grants, and the
 records go to moto's S3 server on loopback. What is proven: Volcano's labels and annotation are
 where the configuration reads them, the informer's label and node filters select the right

@@ -17,8 +17,8 @@ import pytest
 from tests.e2e import jobs
 from tests.e2e.conftest import Deployed
 from tests.e2e.defects import known
-from tests.e2e.kube import ApiError, wait_for
 from trainstack.builders import labels
+from trainstack.kube import ApiError, wait_for
 
 PODGROUP = ("scheduling.volcano.sh/v1beta1", "PodGroup")
 NARROWED = (

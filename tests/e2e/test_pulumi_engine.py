@@ -19,10 +19,10 @@ import pytest
 from google.protobuf import empty_pb2  # type: ignore[import-untyped]
 from pulumi.runtime.proto import provider_pb2_grpc
 
-from tests.e2e import toolchain
-from tests.e2e.cluster import ControlPlane
-from tests.e2e.kube import Kube, wait_for
 from tests.e2e.pulumi_engine import Engine, EngineError, sdk_plugin_version
+from trainstack.kube import Kube, wait_for
+from trainstack.sandbox import toolchain
+from trainstack.sandbox.cluster import ControlPlane
 
 STACK = "e2e"
 NAMESPACE = "pulumi-smoke"

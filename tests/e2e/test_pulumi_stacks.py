@@ -29,17 +29,18 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.e2e import deploy, nodes, policy_cli
-from tests.e2e.cluster import ControlPlane
-from tests.e2e.kube import Kube, quantity, wait_for
+from tests.e2e import policy_cli
 from tests.e2e.pulumi_engine import Engine, EngineError, sdk_plugin_version
 from tests.volcano_chart import volcano_source
 from trainstack.builders import labels
 from trainstack.builders.scheduling import scheduler_config
 from trainstack.config import PlatformConfig
+from trainstack.kube import Kube, quantity, wait_for
 from trainstack.preview import policy_config
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import _urn_ref as urn_ref
+from trainstack.sandbox import deploy, nodes
+from trainstack.sandbox.cluster import ControlPlane
 
 PROJECT = "trainstack"
 PLATFORM, TEAM = "onprem-e2e", "speech"

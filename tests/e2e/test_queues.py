@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import STACKS
-from tests.e2e import deploy
-from tests.e2e.kube import ApiError, Kube
 from trainstack.builders.scheduling import queues
 from trainstack.config import parse_stack_config, read_stack_file
 from trainstack.config.model import PlatformConfig
+from trainstack.kube import ApiError, Kube
 from trainstack.preview.engine import Previewer
+from trainstack.sandbox import deploy
 
 
 def _prod(change: Callable[[dict[str, Any]], None] | None = None) -> PlatformConfig:

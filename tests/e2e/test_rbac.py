@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import Deployed
-from tests.e2e.kube import ApiError, Identity, becomes, wait_for
 from tests.policy.test_equivalence import demo_job
 from trainstack.builders.scheduling import ORG_QUEUE
+from trainstack.kube import ApiError, Identity, becomes, wait_for
 from trainstack.preview.engine import Previewer
 
 

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from tests.e2e import jobs
-from tests.e2e.cluster import ControlPlane
 from tests.e2e.conftest import Deployed, deploy_stack
-from tests.e2e.kube import ApiError
 from trainstack.builders.fabric import NETWORKS_ANNOTATION
+from trainstack.kube import ApiError
 from trainstack.preview.engine import Previewer
+from trainstack.sandbox.cluster import ControlPlane
 
 PSS_ENFORCE = "pod-security.kubernetes.io/enforce"
 

@@ -15,9 +15,9 @@ import pytest
 
 from tests.e2e import jobs
 from tests.e2e.conftest import Deployed, job_manifest
-from tests.e2e.kube import becomes, wait_for
 from trainstack.builders import labels
 from trainstack.builders.fabric import GPU_RESOURCE
+from trainstack.kube import becomes, wait_for
 from trainstack.preview.engine import Previewer
 
 

@@ -1,15 +1,15 @@
 """The node log collector (issue 44, trainstack/builders/logs.py), run for real.
 
-The OpenTelemetry Collector built from its Go modules (tests/e2e/toolchain.py, `otelcol`, every
-component at v0.158.0) runs `collector_config` over CRI log files laid out as the kubelet lays
+The OpenTelemetry Collector built from its Go modules (trainstack/sandbox/toolchain.py, `otelcol`,
+every component at v0.158.0) runs `collector_config` over CRI log files laid out as the kubelet lays
 them out (`<root>/var/log/pods/<namespace>_<pod>_<uid>/<container>/<restart>.log`) and ships to
-moto's S3 server on loopback through the real awss3exporter. The one stand-in: k8s_attributes,
-which needs an API server, is replaced by `static_pods_stand_in` (the pods' labels and
-annotations as Volcano sets them); tests/e2e/test_logs.py runs the real processor against a
-real API server and Volcano.
+moto's S3 server on loopback through the real awss3exporter. The one stand-in: k8s_attributes, which
+needs an API server, is replaced by `static_pods_stand_in` (the pods' labels and annotations as
+Volcano sets them); tests/e2e/test_logs.py runs the real processor against a real API server and
+Volcano.
 
 Skipped, saying so, when the collector is not built (`make e2e-tools`, or
-`python -m tests.e2e.toolchain build otelcol`).
+`python -m trainstack.sandbox.toolchain build otelcol`).
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ import boto3
 import pytest
 import yaml
 
-from tests.e2e import toolchain
 from tests.s3server import AWS_ENV as TEST_AWS_ENV
 from tests.s3server import moto_s3
 from trainstack.builders import logs
 from trainstack.jobs.render import RETRY_COUNT_ANNOTATION
 from trainstack.logs import parse_object
+from trainstack.sandbox import toolchain
 
 REGION = "us-east-1"
 AWS_ENV = {
@@ -59,7 +59,7 @@ def collector_binary() -> Path:
     try:
         return toolchain.locate("otelcol")["otelcol"]
     except toolchain.MissingTools as missing:
-        pytest.skip(f"{missing} (or: python -m tests.e2e.toolchain build otelcol)")
+        pytest.skip(f"{missing} (or: python -m trainstack.sandbox.toolchain build otelcol)")
 
 
 def cri_time(ns: int) -> str:

@@ -7,8 +7,8 @@ task, replica and attempt, and ships it to S3 under `logs/teams/<team>/<job>/`. 
 a Volcano job's are dropped. docs/logs.md ("Collector") tells the whole story.
 
 Why the OpenTelemetry Collector and not Fluent Bit: the collector is Go, so the exact components
-deployed here are built from the Go module proxy (tests/e2e/toolchain.py, component `otelcol`)
-and the pipeline below runs for real in the tests (tests/logs/test_collector.py, and
+deployed here are built from the Go module proxy (trainstack/sandbox/toolchain.py, component
+`otelcol`) and the pipeline below runs for real in the tests (tests/logs/test_collector.py, and
 tests/e2e/test_logs.py against a real API server and Volcano). Fluent Bit is C and is packaged in
 no registry reachable here, so it could only have been configured, never run.
 

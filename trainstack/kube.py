@@ -1,14 +1,31 @@
-"""A small Kubernetes REST client for the e2e tests: discovery, server-side apply, dry run,
-impersonation, status writes and polling. Plain HTTPS with client certificates (urllib3),
-so every request a test makes is visible here and nothing is hidden in a client library.
+"""A small Kubernetes REST client: discovery, server-side apply, dry run, impersonation,
+status writes and polling. Plain HTTPS (urllib3), so every request is visible here and nothing
+is hidden in a client library.
+
+One client for everything that talks to a live cluster: `trainstack explain` and `status`,
+the local sandbox (`trainstack.sandbox`) and the e2e scenarios that run on it. `from_kubeconfig`
+reads a kubeconfig as kubectl does for the parts trainstack supports: client certificates, a
+bearer token (inline or a file), and exec credential plugins (`aws eks get-token`, the
+`client.authentication.k8s.io` ExecCredential protocol), which is how EKS kubeconfigs
+authenticate (https://kubernetes.io/docs/reference/access-authn-authz/authentication/
+#client-go-credential-plugins).
 """
 
 from __future__ import annotations
 
+import atexit
+import base64
+import contextlib
 import json
+import os
+import shlex
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
@@ -57,13 +74,32 @@ class Identity:
     groups: tuple[str, ...] = ()
 
 
+class KubeconfigError(Exception):
+    """A kubeconfig trainstack cannot use: the message names the file and what to fix."""
+
+
 class Kube:
-    def __init__(self, server: str, ca: str, cert: str, key: str) -> None:
-        self.server = server
+    def __init__(
+        self,
+        server: str,
+        ca: str | None,
+        cert: str | None = None,
+        key: str | None = None,
+        *,
+        token: Callable[[], str] | None = None,
+    ) -> None:
+        self.server = server.rstrip("/")
         self.pool = urllib3.PoolManager(
             cert_reqs="CERT_REQUIRED", ca_certs=ca, cert_file=cert, key_file=key, maxsize=8
         )
+        self._token = token
         self._resources: dict[tuple[str, str], Resource] = {}
+
+    @classmethod
+    def from_kubeconfig(cls, path: Path | None = None, context: str | None = None) -> Kube:
+        """A client for `context` (default: the current one) of the kubeconfig at `path`,
+        else $KUBECONFIG's first file, else ~/.kube/config, as kubectl picks it."""
+        return _from_kubeconfig(_kubeconfig_path(path), context)
 
     # -- transport ---------------------------------------------------------------------------
 
@@ -79,6 +115,8 @@ class Kube:
         timeout: float = 30,
     ) -> Any:
         headers = HTTPHeaderDict({"Content-Type": content_type, "Accept": "application/json"})
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token()}"
         if as_ is not None:
             headers["Impersonate-User"] = as_.user
             # The API server reads every Impersonate-Group header line; a comma-joined value
@@ -249,6 +287,138 @@ class Kube:
         )
 
 
+def _kubeconfig_path(path: Path | None) -> Path:
+    if path is not None:
+        return path
+    env = os.environ.get("KUBECONFIG", "")
+    # kubectl merges every file of $KUBECONFIG; trainstack reads the first, which is where
+    # the current context usually lives (and the sandbox writes a single file).
+    first = next((p for p in env.split(os.pathsep) if p), None)
+    return Path(first) if first else Path.home() / ".kube" / "config"
+
+
+def _named(entries: Any, name: str, what: str, path: Path) -> dict[str, Any]:
+    for entry in entries or []:
+        if isinstance(entry, Mapping) and entry.get("name") == name:
+            body = entry.get(what)
+            if isinstance(body, Mapping):
+                return dict(body)
+    raise KubeconfigError(f"{path}: no {what} named {name!r} (kubectl config view shows them)")
+
+
+def _file_or_data(
+    section: Mapping[str, Any], key: str, folder: Path, scratch: list[Path]
+) -> str | None:
+    """A path for `key` (a file, relative to the kubeconfig's folder as kubectl resolves it)
+    or `key-data` (base64, written to a private temporary file: urllib3 takes paths)."""
+    if section.get(f"{key}-data"):
+        handle, name = tempfile.mkstemp(prefix="trainstack-kube-", suffix=".pem")
+        with os.fdopen(handle, "wb") as out:
+            out.write(base64.b64decode(section[f"{key}-data"]))
+        scratch.append(Path(name))
+        return name
+    if section.get(key):
+        return str(folder / os.path.expanduser(str(section[key])))
+    return None
+
+
+def _exec_token(spec: Mapping[str, Any], path: Path) -> Callable[[], str]:
+    """A token from an exec credential plugin, fetched again when it expires (EKS tokens
+    last 15 minutes; `status.expirationTimestamp` says when)."""
+    command = [str(spec.get("command", "")), *map(str, spec.get("args") or [])]
+    env = dict(os.environ)
+    env.update({str(e["name"]): str(e["value"]) for e in spec.get("env") or []})
+    cached: dict[str, Any] = {}
+
+    def token() -> str:
+        expires = cached.get("expires")
+        if cached.get("token") and (expires is None or time.time() < expires - 60):
+            return str(cached["token"])
+        try:
+            done = subprocess.run(
+                command, env=env, capture_output=True, text=True, check=False, timeout=60
+            )
+        except OSError as error:
+            raise KubeconfigError(
+                f"{path}: the credential plugin {command[0]!r} could not run ({error}); "
+                "install it or fix the user's exec.command"
+            ) from None
+        if done.returncode != 0:
+            raise KubeconfigError(
+                f"{path}: the credential plugin {shlex.join(command)} failed: "
+                f"{done.stderr.strip()[-400:]}"
+            )
+        status = json.loads(done.stdout).get("status", {})
+        if not status.get("token"):
+            raise KubeconfigError(f"{path}: {command[0]} returned no status.token")
+        cached["token"] = status["token"]
+        stamp = status.get("expirationTimestamp")
+        cached["expires"] = _epoch(stamp) if stamp else None
+        return str(status["token"])
+
+    return token
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _from_kubeconfig(path: Path, context: str | None) -> Kube:
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise KubeconfigError(
+            f"{path}: no kubeconfig there; pass --kubeconfig, set KUBECONFIG, or write one "
+            "(`aws eks update-kubeconfig`, or `trainstack sandbox up` for a local cluster)"
+        ) from None
+    except yaml.YAMLError as error:
+        raise KubeconfigError(f"{path}: not YAML: {error}") from None
+    if not isinstance(config, Mapping):
+        raise KubeconfigError(f"{path}: not a kubeconfig (a mapping with clusters, users)")
+    name = context or config.get("current-context")
+    if not name:
+        raise KubeconfigError(f"{path}: no current-context; pass --context")
+    ctx = _named(config.get("contexts"), str(name), "context", path)
+    cluster = _named(config.get("clusters"), str(ctx.get("cluster")), "cluster", path)
+    user = _named(config.get("users"), str(ctx.get("user")), "user", path)
+    folder = path.resolve().parent
+    scratch: list[Path] = []
+    if not cluster.get("server"):
+        raise KubeconfigError(f"{path}: cluster {ctx.get('cluster')!r} has no server")
+    if cluster.get("insecure-skip-tls-verify"):
+        raise KubeconfigError(
+            f"{path}: cluster {ctx.get('cluster')!r} skips TLS verification; trainstack "
+            "only talks to API servers it can verify (set certificate-authority)"
+        )
+    ca = _file_or_data(cluster, "certificate-authority", folder, scratch)
+    cert = _file_or_data(user, "client-certificate", folder, scratch)
+    key = _file_or_data(user, "client-key", folder, scratch)
+    token: Callable[[], str] | None = None
+    if user.get("token"):
+        value = str(user["token"])
+        token = lambda: value  # noqa: E731
+    elif user.get("tokenFile"):
+        token_file = folder / str(user["tokenFile"])
+        token = lambda: token_file.read_text(encoding="utf-8").strip()  # noqa: E731
+    elif isinstance(user.get("exec"), Mapping):
+        token = _exec_token(user["exec"], path)
+    elif cert is None:
+        raise KubeconfigError(
+            f"{path}: user {ctx.get('user')!r} has no client certificate, token or exec "
+            "plugin trainstack can use (auth-provider plugins are not supported)"
+        )
+    # urllib3 reads the PEM files when a connection needs them, not before: the copies of
+    # inline data live until the interpreter exits.
+    for scratch_file in scratch:
+        atexit.register(_remove, scratch_file)
+    return Kube(str(cluster["server"]), ca, cert, key, token=token)
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
 def wait_for(
     what: str,
     probe: Callable[[], T | None],
@@ -258,15 +428,16 @@ def wait_for(
 ) -> T:
     """Poll `probe` until it returns something truthy; fail naming `what` and the last value."""
     deadline = time.monotonic() + timeout
-    last: Any = None
+    last: object = None
     while True:
         try:
-            last = probe()
+            value = probe()
         except ApiError as error:
             last = error
         else:
-            if last:
-                return last
+            last = value
+            if value:
+                return value
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last}")
         time.sleep(interval)

@@ -2,7 +2,7 @@
 
 Built from the same catalog and pool config the platform uses (`trainstack.builders.pools`),
 so a job that the preview accepts meets the labels, taints and allocatable resources of the
-nodes it would really land on. kwok (tests/e2e/kwok-stages.yaml) then keeps them Ready.
+nodes it would really land on. kwok (trainstack/sandbox/kwok-stages.yaml) then keeps them Ready.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tests.e2e.cluster import KWOK_ANNOTATION
 from trainstack.builders.fabric import GPU_RESOURCE, HUGEPAGES_RESOURCE
 from trainstack.builders.pools import (
     GPU_TAINT,
@@ -21,6 +20,7 @@ from trainstack.builders.pools import (
     node_labels,
 )
 from trainstack.config.model import GpuPool, NewVpc, PlatformConfig
+from trainstack.sandbox.cluster import KWOK_ANNOTATION
 
 MAX_PODS = 110  # the kubelet's default; nodeadm derives it per instance type (ENI limits)
 EVICTION_HARD_MI = 100  # kubelet default evictionHard memory.available

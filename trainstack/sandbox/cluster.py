@@ -1,5 +1,6 @@
 """A real control plane on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager, Volcano's
-scheduler, controllers and admission webhook, and kwok for simulated nodes.
+scheduler, controllers and admission webhook, and kwok for simulated nodes. One implementation
+for the e2e suite (tests/e2e/conftest.py) and the local sandbox (`trainstack sandbox up`).
 
 Every process binds to 127.0.0.1 on a free port, writes its log into the session's temp dir,
 and is stopped (SIGTERM, then SIGKILL) by `ControlPlane.stop`, which touches nothing it did
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import os
 import shlex
 import signal
@@ -27,8 +29,8 @@ from typing import Any
 
 import yaml
 
-from tests.e2e import pki
-from tests.e2e.kube import ApiError, Kube, wait_for
+from trainstack.kube import ApiError, Kube, wait_for
+from trainstack.sandbox import pki
 
 KWOK_STAGES = Path(__file__).resolve().parent / "kwok-stages.yaml"
 # Nodes kwok manages carry this annotation (kwok's own convention, `kwok.x-k8s.io/node`).
@@ -49,6 +51,10 @@ class Process:
     argv: list[str]
     log: Path
     popen: subprocess.Popen[bytes] | None = None
+    # A sandbox's processes outlive the command that started them (`trainstack sandbox up`
+    # returns, they keep serving): a session of their own, so the terminal's Ctrl-C is not
+    # theirs, and `sandbox down` stops them by the PIDs in its state file.
+    detach: bool = False
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -59,7 +65,12 @@ class Process:
             out.write(f"$ {shlex.join(self.argv)}\n".encode())
             out.flush()
             self.popen = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=self.detach,
             )
 
     def alive(self) -> bool:
@@ -98,6 +109,8 @@ class ControlPlane:
     # klog level of Volcano's scheduler: 3 explains each decision (what a failing scenario
     # needs), and writes tens of MB a minute at organisation scale (the benchmark uses 1).
     scheduler_verbosity: int = 3
+    # Processes in sessions of their own, left running by the Python process (the sandbox).
+    detach: bool = False
 
     def __post_init__(self) -> None:
         self.logs = self.workdir / "logs"
@@ -123,10 +136,18 @@ class ControlPlane:
             process.stop()
 
     def _run(self, name: str, argv: list[str]) -> Process:
-        process = Process(name, argv, self.logs / f"{name}.log")
+        process = Process(name, argv, self.logs / f"{name}.log", detach=self.detach)
         process.start()
         self.processes[name] = process
         return process
+
+    def pids(self) -> dict[str, int]:
+        """Each running process's PID, by component name (the sandbox's state file)."""
+        return {
+            name: process.popen.pid
+            for name, process in self.processes.items()
+            if process.popen is not None and process.alive()
+        }
 
     def check(self) -> None:
         """Fail with the component's log if any process died."""
@@ -294,7 +315,7 @@ class ControlPlane:
             )
 
         for name in names:
-            wait_for(f"CRD {name} established", lambda n=name: established(n), timeout=60)
+            wait_for(f"CRD {name} established", functools.partial(established, name), timeout=60)
         self.kube.forget_discovery()
 
     # -- Volcano ------------------------------------------------------------------------------

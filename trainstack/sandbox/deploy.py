@@ -19,11 +19,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.e2e import nodes
-from tests.e2e.kube import ApiError, Kube, holds_everything, wait_for
 from trainstack.builders import labels
 from trainstack.config.model import PlatformConfig
+from trainstack.kube import ApiError, Kube, holds_everything, wait_for
 from trainstack.preview.plan import Plan, Resource
+from trainstack.sandbox import nodes
 
 # API groups the control plane does not serve, with the reason (checked by a test).
 UNSERVED = {
