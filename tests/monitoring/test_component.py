@@ -54,7 +54,7 @@ def test_charts_monitors_rules_and_dashboards(run_program: Callable[..., Recorde
     dashboards = [
         r for r in rec.of_type("kubernetes:core/v1:ConfigMap") if r.name.startswith("m-dashboard")
     ]
-    assert len(dashboards) == 3
+    assert len(dashboards) == 4  # cluster, team, job, fairness
 
 
 def test_gpu_operator_brings_its_own_exporter(run_program: Callable[..., Recorded]) -> None:

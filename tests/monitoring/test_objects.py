@@ -127,6 +127,7 @@ def test_dashboards_are_configmaps_for_the_sidecar(cfg: PlatformConfig) -> None:
         "trainstack-cluster-dashboard",
         "trainstack-team-dashboard",
         "trainstack-job-dashboard",
+        "trainstack-fairness-dashboard",
     ]
     for manifest in maps:
         assert manifest["metadata"]["namespace"] == b.NAMESPACE

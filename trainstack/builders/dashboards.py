@@ -15,7 +15,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh
 
 from trainstack.builders import labels
-from trainstack.builders.monitoring import DASHBOARD_LABEL, NAMESPACE, price_expr
+from trainstack.builders.monitoring import DASHBOARD_LABEL, NAMESPACE, fairness, price_expr
 from trainstack.config.model import PlatformConfig
 
 # kube-prometheus-stack provisions its Prometheus data source with this uid.
@@ -428,12 +428,71 @@ def _job(cfg: PlatformConfig) -> tuple[str, str, list[str], list[tuple[str, list
     )
 
 
+def _fairness(cfg: PlatformConfig) -> tuple[str, str, list[str], list[tuple[str, list[PanelSpec]]]]:
+    """Fairness over time (issue 45): each team's Volcano queue against its deserved share and
+    guarantee, what it borrows and lends, and what waits (builders/monitoring/fairness.py).
+    Without teams there are no team queues and so no dashboard."""
+    if not cfg.registry.teams:
+        return "trainstack-fairness", "trainstack / Fairness", [], []
+    team = "{{team}}"
+    shares = [
+        PanelSpec(
+            "Allocated over deserved share, by team (1 = exactly its share)",
+            (Query(fairness.SHARE_RATIO, team),),
+            unit="percentunit",
+        ),
+        PanelSpec("GPUs allocated by team (Volcano)", (Query(fairness.ALLOCATED, team),)),
+        PanelSpec(
+            "GPUs deserved and guaranteed by team",
+            (
+                Query(fairness.DESERVED, f"deserved {team}"),
+                Query(fairness.GUARANTEED, f"guaranteed {team}"),
+            ),
+        ),
+        PanelSpec(
+            "GPUs borrowed (above deserved) and lent (estimate) by team",
+            (
+                Query(fairness.BORROWED, f"borrowed {team}"),
+                Query(fairness.LENT, f"lent {team}"),
+            ),
+        ),
+    ]
+    waiting = [
+        PanelSpec("GPUs of pending tasks by team", (Query(fairness.PENDING, team),)),
+        PanelSpec(
+            "Job wait to start (creation to last task placed), p50 and p90",
+            (
+                Query(f'{fairness.WAIT}{{quantile="0.5"}}', f"p50 {team}"),
+                Query(f'{fairness.WAIT}{{quantile="0.9"}}', f"p90 {team}"),
+            ),
+            unit="s",
+        ),
+        # Volcano v1.15.1 counts these for the whole cluster only (no queue label).
+        PanelSpec(
+            "Preemption attempts, all queues (Volcano)",
+            (
+                Query(
+                    "sum(increase(volcano_total_preemption_attempts[$__rate_interval]))",
+                    "attempts",
+                ),
+                Query("max(volcano_pod_preemption_victims)", "victims (last session)"),
+            ),
+        ),
+    ]
+    return (
+        "trainstack-fairness",
+        "trainstack / Fairness",
+        [],
+        [("Shares", shares), ("Waiting and preemption", waiting)],
+    )
+
+
 _VARIABLE_QUERIES: Final = {
     "team": "label_values(team:trainstack_gpus_allocated:sum, team)",
     "namespace": "label_values(trainstack_up, namespace)",
     "job_name": 'label_values(trainstack_up{namespace="$namespace"}, job_name)',
 }
-DEFINITIONS: Final = (_cluster, _team, _job)
+DEFINITIONS: Final = (_cluster, _team, _job, _fairness)
 
 
 def _build(
@@ -480,6 +539,8 @@ def dashboards(cfg: PlatformConfig) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for definition in DEFINITIONS:
         uid, title, variables, rows = definition(cfg)
+        if not rows:
+            continue
         text = JSONEncoder(sort_keys=True).encode(_build(uid, title, variables, rows).build())
         out[uid] = json.loads(text)
     return out

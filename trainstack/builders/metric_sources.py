@@ -81,8 +81,16 @@ NODE_EXPORTER_METRICS: Final = (
 VOLCANO_SCHEDULER_METRICS: Final = (
     "volcano_queue_allocated_scalar_resources",
     "volcano_queue_deserved_scalar_resources",
+    # queue.go: request (allocated + pending tasks) and capability, per queue and resource.
+    "volcano_queue_request_scalar_resources",
+    "volcano_queue_capacity_scalar_resources",
     "volcano_e2e_scheduling_latency_milliseconds_bucket",
     "volcano_e2e_job_scheduling_duration",
+    # metrics.go: unix seconds of the job's last scheduling (allocate/backfill).
+    "volcano_e2e_job_scheduling_last_time",
+    # metrics.go: cluster-wide only, no queue label.
+    "volcano_total_preemption_attempts",
+    "volcano_pod_preemption_victims",
 )
 VOLCANO_CONTROLLER_METRICS: Final = (
     "volcano_queue_pod_group_pending_count",

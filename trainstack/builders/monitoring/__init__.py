@@ -6,7 +6,8 @@ Canonical labels every training series carries after relabeling (and every rule 
 `instance_type`. docs/monitoring.md explains each alert and the runbook.
 
 Modules: `common` (charts, names, label keys), `values` (Helm values), `scrape`
-(ServiceMonitors, PodMonitors), `rules` (recording and alerting rules). Callers import
+(ServiceMonitors, PodMonitors), `rules` (recording and alerting rules), `fairness` (per
+team and queue history of Volcano's shares: docs/reports.md). Callers import
 everything from here.
 """
 
@@ -37,6 +38,7 @@ from trainstack.builders.monitoring.common import (
     RUNTIME_PORT,
     monitoring_namespace,
 )
+from trainstack.builders.monitoring.fairness import fairness_rules
 from trainstack.builders.monitoring.rules import (
     accounting_rules,
     alert_rules,
@@ -85,6 +87,7 @@ __all__ = [
     "dcgm_configmap",
     "dcgm_enabled_here",
     "dcgm_values",
+    "fairness_rules",
     "gpu_node_affinity",
     "kps_values",
     "ksm_custom_resources",

@@ -18,6 +18,7 @@ from trainstack.builders.monitoring.common import (
     object_meta,
 )
 from trainstack.builders.monitoring.common import alert_rule as _alert
+from trainstack.builders.monitoring.fairness import fairness_rules
 from trainstack.builders.monitoring.health import health_alerts
 from trainstack.config.model import PlatformConfig
 
@@ -122,6 +123,16 @@ def accounting_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
                 "(capacity, instance_type) node:trainstack_gpu_price_usd_per_gpu_hour:max",
             },
         ]
+    # Per instance type and capacity, so a report can price GPU-hours with any price table
+    # (trainstack/report.py), not only the one these rules were deployed with.
+    rules.append(
+        {
+            "record": "team_instance:trainstack_gpu_hours_allocated:increase1m",
+            "expr": "sum by (team, instance_type, capacity) "
+            "(namespace_pod:trainstack_gpus_allocated:sum * on (node) group_left "
+            f"(instance_type, capacity) node:trainstack_node_labels:info) / {per_hour}",
+        }
+    )
     measures = ["gpus_allocated", "gpus_used"]
     if prices is not None:
         measures += ["cost_usd_per_hour", "idle_cost_usd_per_hour"]
@@ -379,11 +390,15 @@ def alert_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
 def rule_groups(cfg: PlatformConfig) -> list[dict[str, Any]]:
     """Plain Prometheus rule groups (what `promtool check rules` reads)."""
     interval = f"{ACCOUNTING_INTERVAL_S}s"
-    return [
+    groups = [
         {"name": "trainstack-labels", "interval": interval, "rules": label_rules()},
         {"name": "trainstack-accounting", "interval": interval, "rules": accounting_rules(cfg)},
-        {"name": "trainstack-alerts", "rules": alert_rules(cfg)},
     ]
+    fairness = fairness_rules(cfg)
+    if fairness:  # per team and queue: the fairness dashboard and `trainstack report`
+        groups.append({"name": "trainstack-fairness", "interval": interval, "rules": fairness})
+    # The alerts last: prometheus_rules puts every group before them in one object.
+    return [*groups, {"name": "trainstack-alerts", "rules": alert_rules(cfg)}]
 
 
 def prometheus_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
@@ -393,12 +408,12 @@ def prometheus_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "PrometheusRule",
             "metadata": object_meta(cfg, "trainstack-accounting", NAMESPACE),
-            "spec": {"groups": groups[:2]},
+            "spec": {"groups": groups[:-1]},
         },
         {
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "PrometheusRule",
             "metadata": object_meta(cfg, "trainstack-alerts", NAMESPACE),
-            "spec": {"groups": groups[2:]},
+            "spec": {"groups": groups[-1:]},
         },
     ]
