@@ -27,7 +27,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("policy",),  # the rules over what the builders make
     ("jobs", "documents"),  # job specs rendered against a platform
     ("components",),  # Pulumi ComponentResources
-    ("program", "preview", "diff", "bench", "logs", "cli"),  # what runs them
+    # what runs them
+    ("program", "preview", "diff", "bench", "logs", "kube", "sandbox", "explain", "report", "cli"),
 )
 LAYER = {name: level for level, names in enumerate(LAYERS) for name in names}
 

@@ -34,6 +34,7 @@ from trainstack.jobs.healthcheck import UsageError as HealthcheckUsage
 from trainstack.jobs.healthcheck import healthcheck
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.spec import advice, load_job
+from trainstack.kube import ApiError, Kube, KubeconfigError
 from trainstack.logs import DEFAULT_PREFIX_ROOT, LogsError, LogsUsage
 from trainstack.logs import Options as LogsOptions
 from trainstack.logs import run as run_logs
@@ -42,6 +43,8 @@ from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan, normalise, write_plan
 from trainstack.preview.summary import capacity_renderables, jobs_renderables
 from trainstack.preview.validate import Validator
+from trainstack.report import register as _register_report
+from trainstack.sandbox.command import register as _register_sandbox
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 1
@@ -420,12 +423,26 @@ def validate(
 @app.command("render-job", cls=Command)
 def render_job(
     spec: Annotated[Path, typer.Argument(help="A job spec (job_specs/<team>/<job>.yaml).")],
+    *,
     stack: Annotated[
         str, typer.Option(help="The team stack the job belongs to (a name or its stack file).")
     ],
     project_dir: Annotated[Path, typer.Option(help=PROJECT_DIR_HELP)] = Path("."),
+    submit: Annotated[
+        bool,
+        typer.Option(
+            "--submit",
+            help="Create the Job in the cluster of the kubeconfig, as its user (admission "
+            "applies), instead of printing it.",
+        ),
+    ] = False,
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="With --submit: the kubeconfig (default as kubectl's).")
+    ] = None,
+    context: Annotated[str | None, typer.Option(help="With --submit: its context.")] = None,
 ) -> None:
-    """Print the exact Volcano Job the team stack would create, for use with kubectl."""
+    """Print the exact Volcano Job the team stack would create, for use with kubectl; with
+    --submit, create it."""
     try:
         previewer = Previewer(Project.find(project_dir.resolve()))
         name = stack_names(previewer.project, [stack])[0]
@@ -435,7 +452,20 @@ def render_job(
         raise _usage(err) from None
     except (ConfigError, pulumi.RunError) as err:
         raise _fail(described(err)) from None
-    typer.echo(yaml.safe_dump(normalise(manifest), sort_keys=False), nl=False)
+    if not submit:
+        typer.echo(yaml.safe_dump(normalise(manifest), sort_keys=False), nl=False)
+        return
+    meta = manifest["metadata"]
+    where = f"{meta['namespace']}/{meta['name']}"
+    try:
+        Kube.from_kubeconfig(kubeconfig, context).create(manifest)
+    except KubeconfigError as err:
+        raise _fail(str(err)) from None
+    except ApiError as err:  # the API server's answer verbatim: admission names its rule
+        raise _fail(f"the cluster refused job {where}: {err.message}") from None
+    except OSError as err:
+        raise _fail(f"cannot reach the cluster of the kubeconfig: {err}") from None
+    console.print(f"created job {where}", soft_wrap=True)
 
 
 @app.command("healthcheck", cls=Command)
@@ -636,8 +666,11 @@ def policy_config(
 
 
 _register_diff(app)  # `trainstack diff`, `trainstack changed-stacks` (trainstack/diff/)
-for _info in app.registered_commands:  # their help as the other commands'
-    if _info.cls in (None, TyperCommand):
+_register_sandbox(app)  # `trainstack sandbox up|down|status` (trainstack/sandbox/)
+_register_report(app)  # `trainstack report` (trainstack/report.py, docs/reports.md)
+_groups = [g.typer_instance for g in app.registered_groups if g.typer_instance is not None]
+for _info in [i for typer_app in (app, *_groups) for i in typer_app.registered_commands]:
+    if _info.cls in (None, TyperCommand):  # their help as the other commands'
         _info.cls = Command
 
 

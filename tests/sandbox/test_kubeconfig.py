@@ -25,21 +25,45 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.conftest import ROOT
 from trainstack.kube import Kube, KubeconfigError
 from trainstack.sandbox import pki
+
+VOLCANO_JOBS = {"resources": [{"name": "jobs", "kind": "Job", "namespaced": True}]}
+# What the API server answers when a ValidatingAdmissionPolicy denies a request (its Status).
+DENIED = (
+    'jobs.batch.volcano.sh "demo-train" is forbidden: ValidatingAdmissionPolicy '
+    "'trainstack-images' with binding 'trainstack-images' denied request: image not allowed"
+)
 
 
 class _Recorder(BaseHTTPRequestHandler):
     seen: list[dict[str, str]]
+    created: list[dict[str, Any]]
 
-    def do_GET(self) -> None:
-        type(self).seen.append(dict(self.headers))
-        body = json.dumps({"kind": "APIVersions", "versions": ["v1"]}).encode()
-        self.send_response(200)
+    def _answer(self, status: int, payload: dict[str, Any]) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        type(self).seen.append(dict(self.headers))
+        if self.path == "/apis/batch.volcano.sh/v1alpha1":
+            self._answer(200, VOLCANO_JOBS)
+        else:
+            self._answer(200, {"kind": "APIVersions", "versions": ["v1"]})
+
+    def do_POST(self) -> None:
+        """Creates the first object it is sent; refuses the next as admission would."""
+        obj = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if not type(self).created:
+            type(self).created.append({"path": self.path, "object": obj})
+            self._answer(201, obj)
+        else:
+            self._answer(403, {"kind": "Status", "reason": "Forbidden", "message": DENIED})
 
     def log_message(self, *args: Any) -> None:
         del args
@@ -50,6 +74,7 @@ class Server:
     url: str
     ca: pki.Authority
     seen: list[dict[str, str]]  # each request's headers
+    created: list[dict[str, Any]]  # each object created: its path and body
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +82,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     ca = pki.Authority(tmp_path_factory.mktemp("pki"))
     serving = ca.issue("server", "127.0.0.1", server=True)
     seen: list[dict[str, str]] = []
-    httpd = HTTPServer(("127.0.0.1", 0), type("Handler", (_Recorder,), {"seen": seen}))
+    created: list[dict[str, Any]] = []
+    handler = type("Handler", (_Recorder,), {"seen": seen, "created": created})
+    httpd = HTTPServer(("127.0.0.1", 0), handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(str(serving.cert), str(serving.key))
     httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield Server(f"https://127.0.0.1:{httpd.server_address[1]}", ca, seen)
+    yield Server(f"https://127.0.0.1:{httpd.server_address[1]}", ca, seen, created)
     httpd.shutdown()
 
 
@@ -157,3 +184,62 @@ def test_a_missing_kubeconfig_names_the_ways_to_get_one(tmp_path: Path) -> None:
     with pytest.raises(KubeconfigError, match="aws eks update-kubeconfig") as caught:
         Kube.from_kubeconfig(tmp_path / "absent")
     assert "trainstack sandbox up" in str(caught.value)
+
+
+# -- `trainstack render-job --submit`: the job created through this client -------------------
+
+
+def test_render_job_submit_creates_the_rendered_job_and_relays_a_refusal(
+    server: Server, tmp_path: Path
+) -> None:
+    """The Job the preview renders is what the server receives, in the team's namespace; a
+    refusal prints the server's message (admission names its policy) as one clean error."""
+    from typer.testing import CliRunner  # noqa: PLC0415  (the CLI only here)
+
+    from trainstack.cli import app  # noqa: PLC0415
+    from trainstack.preview.engine import Previewer, Project  # noqa: PLC0415
+
+    config = _config(server.url, {"token": "t"}, **{"certificate-authority": str(server.ca.cert)})
+    kubeconfig = _write(tmp_path / "config", config)
+    spec = ROOT / "job_specs" / "vision" / "demo-train.yaml"
+    argv = [
+        "render-job",
+        str(spec),
+        "--stack",
+        "vision",
+        "--submit",
+        "--kubeconfig",
+        str(kubeconfig),
+    ]
+    argv += ["--project-dir", str(ROOT)]
+    first = CliRunner().invoke(app, argv)
+    assert first.exit_code == 0, first.output
+    assert first.output.strip().endswith("created job vision/demo-train")
+    expected = Previewer(Project.find(ROOT)).render_job("vision", spec)
+    assert server.created == [
+        {
+            "path": "/apis/batch.volcano.sh/v1alpha1/namespaces/vision/jobs?fieldValidation=Strict",
+            "object": json.loads(json.dumps(expected)),
+        }
+    ]
+    second = CliRunner().invoke(app, argv)
+    assert second.exit_code == 1
+    assert f"error: the cluster refused job vision/demo-train: {DENIED}" in " ".join(
+        second.output.split()
+    )
+    assert "Traceback" not in second.output
+
+
+def test_render_job_submit_without_a_kubeconfig_says_how_to_get_one(tmp_path: Path) -> None:
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from trainstack.cli import app  # noqa: PLC0415
+
+    spec = ROOT / "job_specs" / "vision" / "demo-train.yaml"
+    argv = ["render-job", str(spec), "--stack", "vision", "--submit"]
+    result = CliRunner().invoke(
+        app, [*argv, "--kubeconfig", str(tmp_path / "none"), "--project-dir", str(ROOT)]
+    )
+    assert result.exit_code == 1
+    assert "no kubeconfig there" in result.output
+    assert "Traceback" not in result.output
