@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from tests.conftest import reference_dir
-from tests.e2e.tools.gen_replaces import module_download
 from trainstack.sandbox import toolchain
+from trainstack.sandbox.tools.gen_replaces import module_download
 
 VOLCANO_KINDS = (
     "batch.volcano.sh_jobs.yaml",

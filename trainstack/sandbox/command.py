@@ -44,7 +44,7 @@ def up_command(
         Path, typer.Option(help="Folder with Pulumi.yaml, or a folder below it.")
     ] = Path(),
 ) -> None:
-    """Start the control plane (building its tools on first use: about 30 minutes on 2
+    """Start the control plane (building its tools on first use: about 15 minutes on 2
     cores, then cached), deploy STACK and the team stacks on it, and print the kubeconfig.
     The processes keep running until `trainstack sandbox down`."""
     try:

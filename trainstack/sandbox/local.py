@@ -113,7 +113,7 @@ def ensure_tools(say: Callable[[str], None]) -> dict[str, Path]:
         names = ", ".join(c.name for c in missing)
         say(
             f"first run: building {names} from pinned Go modules into {toolchain.cache_root()} "
-            "(about 30 minutes on 2 cores; cached afterwards)"
+            "(about 15 minutes on 2 cores; cached afterwards)"
         )
         began = time.monotonic()
         for component in missing:
