@@ -30,6 +30,7 @@ from trainstack.config.loader import stack_name_from_path
 from trainstack.config.model import TeamStackConfig
 from trainstack.diff.cli import register as _register_diff
 from trainstack.diff.cli import select_changed as _select_changed
+from trainstack.explain.cli import register as _register_explain
 from trainstack.jobs.healthcheck import UsageError as HealthcheckUsage
 from trainstack.jobs.healthcheck import healthcheck
 from trainstack.jobs.platform import PlatformView
@@ -668,6 +669,7 @@ def policy_config(
 _register_diff(app)  # `trainstack diff`, `trainstack changed-stacks` (trainstack/diff/)
 _register_sandbox(app)  # `trainstack sandbox up|down|status` (trainstack/sandbox/)
 _register_report(app)  # `trainstack report` (trainstack/report.py, docs/reports.md)
+_register_explain(app)  # `trainstack explain`, `trainstack status` (trainstack/explain/)
 _groups = [g.typer_instance for g in app.registered_groups if g.typer_instance is not None]
 for _info in [i for typer_app in (app, *_groups) for i in typer_app.registered_commands]:
     if _info.cls in (None, TyperCommand):  # their help as the other commands'

@@ -1,0 +1,15 @@
+"""Small facts of a Volcano Job that every check uses."""
+
+from __future__ import annotations
+
+from trainstack.explain.model import Obj
+
+
+def key(job: Obj) -> str:
+    """`namespace/name`, as the answers name a job."""
+    meta = job.get("metadata", {})
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def replicas(job: Obj) -> int:
+    return sum(int(t.get("replicas", 1)) for t in job.get("spec", {}).get("tasks") or [])
