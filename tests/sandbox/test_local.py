@@ -4,6 +4,7 @@ the README's try-it steps on the real thing."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -98,3 +99,29 @@ def test_the_sandbox_runs_the_components_the_e2e_fixture_starts() -> None:
     assert {"etcd", "kube-apiserver", "vc-scheduler", "kwok"} <= {
         binary for name in local.COMPONENTS for binary in toolchain.BY_NAME[name].packages
     }
+
+
+def test_a_first_run_says_it_builds_and_how_long_it_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The build itself is `make e2e-tools`'s (toolchain.build, exercised by every CI run);
+    what the sandbox adds is saying so up front and timing it."""
+    built: list[str] = []
+    monkeypatch.setattr(toolchain.Component, "built", lambda self: self.name in built)
+    monkeypatch.setattr(local.shutil, "which", lambda name: f"/usr/bin/{name}")
+
+    def build(component: toolchain.Component, log: object) -> float:
+        del log
+        built.append(component.name)
+        return 61.0
+
+    monkeypatch.setattr(toolchain, "build", build)
+    monkeypatch.setattr(toolchain, "locate", lambda *names: {n: Path(n) for n in names})
+    said: list[str] = []
+    local.ensure_tools(said.append)
+    assert built == list(local.COMPONENTS)
+    assert said[0].startswith("first run: building etcd, kubernetes, volcano, kwok from pinned")
+    assert "(about 15 minutes on 2 cores; cached afterwards)" in said[0]
+    assert said[1:5] == [f"  {name} built in 61 s" for name in local.COMPONENTS]
+    assert re.fullmatch(r"tools built in \d+\.\d minutes", said[5]), said[5]
+    said.clear()
+    local.ensure_tools(said.append)  # cached: nothing built, nothing said
+    assert said == []
