@@ -238,14 +238,15 @@ class Kube:
         *,
         labels: str | None = None,
         fields: str | None = None,
+        as_: Identity | None = None,
     ) -> list[Any]:
         params = {}
         if labels:
             params["labelSelector"] = labels
         if fields:
             params["fieldSelector"] = fields
-        res = self.resource(api_version, kind)
-        return list(self.request("GET", res.path(None, namespace), params=params)["items"])
+        path = self.resource(api_version, kind).path(None, namespace)
+        return list(self.request("GET", path, params=params, as_=as_)["items"])
 
     def delete(
         self,
@@ -353,13 +354,14 @@ def _exec_token(spec: Mapping[str, Any], path: Path) -> Callable[[], str]:
             raise KubeconfigError(f"{path}: {command[0]} returned no status.token")
         cached["token"] = status["token"]
         stamp = status.get("expirationTimestamp")
-        cached["expires"] = _epoch(stamp) if stamp else None
+        cached["expires"] = rfc3339_seconds(stamp) if stamp else None
         return str(status["token"])
 
     return token
 
 
-def _epoch(stamp: str) -> float:
+def rfc3339_seconds(stamp: str) -> float:
+    """An RFC 3339 time as the API writes it (`2026-12-06T03:29:43Z`) in Unix seconds."""
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 

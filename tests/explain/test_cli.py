@@ -16,7 +16,7 @@ from typer.testing import CliRunner, Result
 
 from tests.explain import objects as o
 from trainstack.explain import cli
-from trainstack.kube import ApiError, Identity, Resource
+from trainstack.kube import ApiError, Identity, Kube, Resource
 
 runner = CliRunner()
 app = typer.Typer()
@@ -27,10 +27,13 @@ PLURALS = {"Job": "jobs", "PodGroup": "podgroups", "Pod": "pods", "Event": "even
 CLUSTER_SCOPED = {"Queue", "Node"}
 
 
-class FakeKube:
-    """GETs answered from a dict of path -> object, 403 for paths in `forbidden`."""
+class FakeKube(Kube):
+    """GETs answered from a dict of path -> object, 403 for paths in `forbidden`: the real
+    client's verbs over a stand-in transport and discovery."""
 
-    def __init__(self, objects: Mapping[str, Any], forbidden: tuple[str, ...] = ()) -> None:
+    def __init__(  # no connection pool: `request` below is the transport
+        self, objects: Mapping[str, Any], forbidden: tuple[str, ...] = ()
+    ) -> None:
         self.objects = objects
         self.forbidden = forbidden
 

@@ -12,15 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from trainstack.contracts.deadlines import MAX_DURATION_ANNOTATION
+from trainstack.contracts.runtime import ExitCode
 from trainstack.explain import volcano
-from trainstack.explain.jobinfo import key, replicas
+from trainstack.explain.jobinfo import attempt, key, replicas
 from trainstack.explain.model import Diagnosis, Live, Obj, Platform, Reason
 from trainstack.explain.nodes import health_gate, pool_nodes
 from trainstack.explain.queues import queue_room
 from trainstack.explain.resources import span, timestamp
+from trainstack.policy.admission import POLICY_PREFIX
 
-POLICY_PREFIX = "trainstack-rule-"  # policy/admission.POLICY_PREFIX
-DEADLINE_EXIT = 4  # contracts/runtime ExitCode.DEADLINE_EXCEEDED
+DEADLINE_EXIT = ExitCode.DEADLINE_EXCEEDED.value
 FINISHED = {"Completed", "Completing", "Failed", "Aborted", "Aborting"}
 STOPPED = {"Terminating", "Terminated"}
 
@@ -39,7 +40,7 @@ def diagnose(live: Live, platform: Platform = NOWHERE) -> Diagnosis:
         return Diagnosis(
             Reason.RUNNING,
             f"{name} is running ({running} of {replicas(job)} pods running, attempt "
-            f"{_attempt(job)})",
+            f"{attempt(job)})",
             limits=limits,
         )
     if phase in STOPPED:
@@ -78,10 +79,6 @@ def diagnose(live: Live, platform: Platform = NOWHERE) -> Diagnosis:
 
 
 # -- the job itself ----------------------------------------------------------------------
-
-
-def _attempt(job: Obj) -> int:
-    return 1 + int(job.get("status", {}).get("retryCount", 0) or 0)
 
 
 def _admission(live: Live) -> Diagnosis | None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from trainstack.builders import labels
 from trainstack.contracts import health as health_contract
 from trainstack.explain import volcano
 from trainstack.explain.jobinfo import key, replicas
 from trainstack.explain.model import Diagnosis, Live, Obj, Platform, Reason
 from trainstack.explain.resources import GPU, bound_requests, fmt, pod_spec_requests, quantity
 
-POOL_LABEL = "trainstack.io/pool"  # builders/labels.POOL
+POOL_LABEL = labels.POOL
 
 
 def nodes_text(count: int) -> str:

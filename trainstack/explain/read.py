@@ -47,15 +47,13 @@ class Reader:
         labels: str | None = None,
         fields: str | None = None,
     ) -> list[dict[str, Any]]:
-        params = {k: v for k, v in (("labelSelector", labels), ("fieldSelector", fields)) if v}
-        path = self.kube.resource(api_version, kind).path(None, namespace)
-        answer = self.kube.request("GET", path, params=params, as_=self.as_)
-        return list(answer["items"])
+        return self.kube.list(
+            api_version, kind, namespace, labels=labels, fields=fields, as_=self.as_
+        )
 
     def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
-        path = self.kube.resource(api_version, kind).path(name, namespace)
         try:
-            found: dict[str, Any] = self.kube.request("GET", path, as_=self.as_)
+            found: dict[str, Any] = self.kube.get(api_version, kind, name, namespace, as_=self.as_)
         except ApiError as error:
             if error.status == 404:
                 return None

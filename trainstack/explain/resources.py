@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from typing import Any
 
+from trainstack import kube
+from trainstack.builders.fabric import GPU_RESOURCE
 from trainstack.explain.model import Obj
 
-GPU = "nvidia.com/gpu"  # builders/fabric.GPU_RESOURCE; kept here so this layer stays small
-_SUFFIX = {
-    "": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
-}  # fmt: skip
-_QUANTITY = re.compile(r"([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)")
+GPU = GPU_RESOURCE  # what every check counts
 
 
 def quantity(value: Any) -> float:
-    """A Kubernetes quantity (`8`, `500m`, `16Gi`) as a number; 0 for nothing readable."""
-    if isinstance(value, int | float):
-        return float(value)
-    match = _QUANTITY.fullmatch(str(value).strip())
-    if match is None or match[2] not in _SUFFIX:
+    """A Kubernetes quantity (`8`, `500m`, `16Gi`) as a number (the client's parser); 0 for
+    nothing readable: a live object's odd value must not stop the answer."""
+    try:
+        return kube.quantity(value if isinstance(value, int | float) else str(value))
+    except ValueError:
         return 0.0
-    return float(match[1]) * _SUFFIX[match[2]]
 
 
 def add(total: dict[str, float], more: Mapping[str, float], times: float = 1.0) -> None:
@@ -76,7 +70,7 @@ def timestamp(text: Any) -> float | None:
     if not text:
         return None
     try:
-        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+        return kube.rfc3339_seconds(str(text))
     except ValueError:
         return None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from trainstack.explain.jobinfo import attempt
 from trainstack.explain.model import Obj
 from trainstack.explain.resources import age, job_gpus, timestamp
 
@@ -15,9 +16,7 @@ class JobRow:
     state: str  # status.state.phase
     age: str
     gpus: int  # each task's pod template GPUs x replicas
-    # 1 + status.retryCount: Volcano counts each restart of the job there (the platform adds
-    # no annotation of its own; its lifecycle policies spend maxRetry, jobs/lifecycle.py).
-    attempts: int
+    attempts: int  # jobinfo.attempt; the lifecycle policies spend maxRetry (jobs/lifecycle.py)
     max_attempts: int | None  # spec.maxRetry
 
 
@@ -34,7 +33,7 @@ def job_rows(jobs: Iterable[Obj], now: float) -> list[JobRow]:
                 state=str(status.get("state", {}).get("phase") or "Pending"),
                 age=age(now - created) if created is not None else "?",
                 gpus=job_gpus(job),
-                attempts=1 + int(status.get("retryCount", 0) or 0),
+                attempts=attempt(job),
                 max_attempts=int(max_retry) if max_retry is not None else None,
             )
         )
