@@ -99,3 +99,15 @@ def monitoring_namespace(cfg: PlatformConfig) -> dict[str, Any]:
             "pod-security.kubernetes.io/enforce": "privileged",
         },
     )
+
+
+def constant_vector(rows: list[tuple[dict[str, str], str]]) -> str:
+    """Config facts as a PromQL vector, one sample per row (labels, value as PromQL writes
+    it): how a price table, a pool's needed node count or a team's queue reach the rules."""
+    parts = []
+    for row_labels, value in rows:
+        expr = f"vector({value})"
+        for key, label_value in row_labels.items():
+            expr = f'label_replace({expr}, "{key}", "{label_value}", "", "")'
+        parts.append(expr)
+    return " or ".join(parts)

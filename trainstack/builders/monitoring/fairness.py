@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from trainstack.builders.monitoring.common import constant_vector
 from trainstack.config.model import PlatformConfig
 
 GPU: Final = 'resource="nvidia.com/gpu"'  # the queue metrics' resource label (not sanitised)
@@ -46,18 +47,6 @@ SHARE_RATIO: Final = "queue:trainstack_gpus_allocated_over_deserved:ratio"
 WAIT: Final = "queue:trainstack_job_wait_seconds:quantile"
 
 
-def _constants(rows: list[tuple[dict[str, str], float]]) -> str:
-    """A constant vector, one sample per row (labels, value): how config facts (which queue is
-    which team's, its guarantee) reach PromQL."""
-    parts = []
-    for row_labels, value in rows:
-        expr = f"vector({value:g})"
-        for key, label_value in row_labels.items():
-            expr = f'label_replace({expr}, "{key}", "{label_value}", "", "")'
-        parts.append(expr)
-    return " or ".join(parts)
-
-
 def _queue_gpus(metric: str) -> str:
     """A Volcano queue metric in GPUs, labelled (team, queue) for team queues only: the
     organisation and group queues of hierarchical mode have no team."""
@@ -74,11 +63,13 @@ def fairness_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
     rules: list[dict[str, Any]] = [
         {
             "record": TEAM_QUEUE,
-            "expr": _constants([({"team": t.name, "queue": t.queue}, 1) for t in teams]),
+            "expr": constant_vector([({"team": t.name, "queue": t.queue}, "1") for t in teams]),
         },
         {
             "record": GUARANTEED,
-            "expr": _constants([({"team": t.name, "queue": t.queue}, t.quota.gpus) for t in teams]),
+            "expr": constant_vector(
+                [({"team": t.name, "queue": t.queue}, f"{t.quota.gpus:g}") for t in teams]
+            ),
         },
         {"record": ALLOCATED, "expr": _queue_gpus("volcano_queue_allocated_scalar_resources")},
         {"record": DESERVED, "expr": _queue_gpus("volcano_queue_deserved_scalar_resources")},

@@ -15,7 +15,13 @@ import math
 from typing import Any, Final
 
 from trainstack.builders import labels
-from trainstack.builders.monitoring.common import JOB_KEYS, NAMESPACE, alert_rule, object_meta
+from trainstack.builders.monitoring.common import (
+    JOB_KEYS,
+    NAMESPACE,
+    alert_rule,
+    constant_vector,
+    object_meta,
+)
 from trainstack.config.capacity import claims, envelopes, promises, shortfalls, supplies
 from trainstack.config.model import PlatformConfig
 from trainstack.contracts import health as contract
@@ -116,10 +122,8 @@ def needed_nodes(cfg: PlatformConfig) -> dict[str, int]:
 def needed_expr(needed: dict[str, int]) -> str:
     """The needed node counts as a PromQL vector: one sample per pool, labelled `pool` and
     `needed` (so the alert can say the number)."""
-    return " or ".join(
-        f'label_replace(label_replace(vector({n}), "pool", "{pool}", "", ""), '
-        f'"needed", "{n}", "", "")'
-        for pool, n in sorted(needed.items())
+    return constant_vector(
+        [({"pool": pool, "needed": str(n)}, str(n)) for pool, n in sorted(needed.items())]
     )
 
 

@@ -15,6 +15,7 @@ from trainstack.builders.monitoring.common import (
     MAX_DURATION_ANNOTATION,
     NAMESPACE,
     RUNNING_PODS,
+    constant_vector,
     object_meta,
 )
 from trainstack.builders.monitoring.common import alert_rule as _alert
@@ -74,12 +75,11 @@ def label_rules() -> list[dict[str, Any]]:
 
 def price_expr(cfg: PlatformConfig) -> str | None:
     """The price table as a PromQL vector: one sample per (instance_type, capacity)."""
-    parts = [
-        f'label_replace(label_replace(vector({p.usd_per_gpu_hour:.6g}), "instance_type", '
-        f'"{p.instance_type}", "", ""), "capacity", "{p.capacity}", "", "")'
+    rows = [
+        ({"instance_type": p.instance_type, "capacity": p.capacity}, f"{p.usd_per_gpu_hour:.6g}")
         for p in cfg.monitoring.prices
     ]
-    return " or ".join(parts) if parts else None
+    return constant_vector(rows) if rows else None
 
 
 def accounting_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
