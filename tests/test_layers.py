@@ -28,7 +28,19 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("jobs", "documents"),  # job specs rendered against a platform
     ("components",),  # Pulumi ComponentResources
     # what runs them
-    ("program", "preview", "diff", "bench", "logs", "kube", "sandbox", "explain", "report", "cli"),
+    (
+        "program",
+        "preview",
+        "diff",
+        "bench",
+        "logs",
+        "kube",
+        "sandbox",
+        "explain",
+        "report",
+        "terminal",
+        "cli",
+    ),
 )
 LAYER = {name: level for level, names in enumerate(LAYERS) for name in names}
 

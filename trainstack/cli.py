@@ -17,12 +17,12 @@ from typing import Annotated, Any
 import pulumi
 import typer
 import yaml
-from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
+from trainstack import terminal
 from trainstack.config import ConfigError, ConfigIssue
 from trainstack.config.errors import did_you_mean
 from trainstack.config.lines import with_lines
@@ -48,7 +48,7 @@ from trainstack.report import register as _register_report
 from trainstack.sandbox.command import register as _register_sandbox
 
 EXIT_OK = 0
-EXIT_USER_ERROR = 1
+EXIT_USER_ERROR = terminal.EXIT_USER_ERROR
 EXIT_USAGE = 2  # click's own code for bad command-line usage
 EXIT_POLICY_VIOLATION = 3
 EXIT_CODES = (
@@ -102,11 +102,8 @@ app = typer.Typer(
     epilog=EXIT_CODES,
     cls=Group,
 )
-# Markup and emoji codes off: user text (patterns like ^[a-z]([-a-z0-9]*[a-z0-9])?$, paths,
-# values) prints verbatim; rich would take bracket groups for markup tags, and `:tea:` or a
-# `:100:` line number for emoji codes.
-console = Console(highlight=False, markup=False, emoji=False)
-errors = Console(stderr=True, highlight=False, markup=False, emoji=False)
+console = terminal.out  # verbatim text: see trainstack/terminal.py
+errors = terminal.err
 
 
 def relative(text: str) -> str:
@@ -125,8 +122,7 @@ def described(err: Exception, *bases: Path) -> str:
 
 
 def _fail(message: str) -> typer.Exit:
-    errors.print(Text.assemble(("error: ", "bold red"), relative(message)), soft_wrap=True)
-    return typer.Exit(EXIT_USER_ERROR)
+    return terminal.fail(relative(message))
 
 
 def _installed_version() -> str:

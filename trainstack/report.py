@@ -29,10 +29,10 @@ from trainstack.config import ConfigError
 from trainstack.config.loader import load_stack_file
 from trainstack.config.model import GpuPrice, PlatformConfig
 from trainstack.preview.engine import Project
+from trainstack.terminal import fail
 
 PROMETHEUS_ENV: Final = "TRAINSTACK_PROMETHEUS_URL"
 TIMEOUT_S: Final = 30.0
-EXIT_USER_ERROR: Final = 1  # trainstack.cli.EXIT_USER_ERROR (cli imports this module)
 WAIT_QUANTILES: Final = (("wait_p50_s", "0.5"), ("wait_p90_s", "0.9"), ("wait_p99_s", "0.99"))
 
 
@@ -380,8 +380,7 @@ def report_command(
         prices = load_prices(stack, project_dir) if stack is not None else None
         report = run(base, window, prices)
     except (ReportError, ConfigError) as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(EXIT_USER_ERROR) from None
+        raise fail(str(err)) from None
     typer.echo(to_csv(report) if output is Format.csv else to_markdown(report), nl=False)
 
 

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.text import Text
 
 from trainstack.config import ConfigError
 from trainstack.diff.changed import Selection, stacks_changed_since
@@ -16,8 +15,8 @@ from trainstack.diff.plans import PlanError, empty_plan, load_plan
 from trainstack.diff.render import to_json, to_markdown
 from trainstack.diff.report import DiffReport, diff_plans, not_previewed
 from trainstack.preview.engine import Project
+from trainstack.terminal import fail
 
-EXIT_USER_ERROR = 1
 # Markup off: stack names, paths and messages print verbatim (see trainstack/cli.py).
 out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
@@ -144,8 +143,7 @@ def diff(
             base, head, head_project(head, project_dir), base_may_be_empty=base_may_be_empty
         )
     except (PlanError, ConfigError) as error:
-        err.print(Text.assemble(("error: ", "bold red"), str(error)))
-        raise typer.Exit(EXIT_USER_ERROR) from None
+        raise fail(str(error)) from None
     markdown, document = to_markdown(report), to_json(report)
     for path, text in ((markdown_out, markdown), (json_out, document)):
         if path is not None:
@@ -163,8 +161,7 @@ def changed_stacks(
     try:
         selection = stacks_changed_since(project_dir, since)
     except ConfigError as error:
-        err.print(Text.assemble(("error: ", "bold red"), str(error)))
-        raise typer.Exit(EXIT_USER_ERROR) from None
+        raise fail(str(error)) from None
     explain(selection, selection.stacks)  # on stderr: stdout is the list CI reads
     for stack in sorted({*selection.stacks, *selection.removed}):
         print(stack)

@@ -19,7 +19,6 @@ import urllib3
 import yaml
 from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
 from trainstack.config import ConfigError
 from trainstack.config.model import TeamStackConfig
@@ -38,21 +37,15 @@ from trainstack.explain.status import job_rows
 from trainstack.explain.volcano import denials
 from trainstack.kube import ApiError, Kube, KubeconfigError
 from trainstack.preview.engine import Previewer, Project
+from trainstack.terminal import fail
 
-EXIT_USER_ERROR = 1
 out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
 KUBECONFIG_HELP = "The kubeconfig (default: $KUBECONFIG, else ~/.kube/config)."
 STACK_HELP = (
     "A platform or team stack of the project: its outputs (computed offline) give the team's "
     "namespace, queue, maximum duration and the pools' sizes."
 )
-
-
-def _fail(message: str) -> typer.Exit:
-    err.print(Text.assemble(("error: ", "bold red"), message))
-    return typer.Exit(EXIT_USER_ERROR)
 
 
 def _outputs(stack: str | None, project_dir: Path) -> tuple[Mapping[str, Any], str | None]:
@@ -150,7 +143,7 @@ def explain(
                 raise
             diagnosis = dry_run(reader.kube, file, ns, job)
     except USER_ERRORS as error:
-        raise _fail(described(error)) from None
+        raise fail(described(error)) from None
     if as_json:
         out.print(json.dumps(asdict(diagnosis)))
     else:
@@ -207,7 +200,7 @@ def status(
                 ) from None
             raise
     except USER_ERRORS as error:
-        raise _fail(described(error)) from None
+        raise fail(described(error)) from None
     rows = job_rows(jobs, time.time())
     if not rows:
         out.print(f"no jobs in namespace {ns}")

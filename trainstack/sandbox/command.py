@@ -6,27 +6,19 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
 from trainstack.config import ConfigError
 from trainstack.preview.engine import Previewer, Project
 from trainstack.sandbox import local
 from trainstack.sandbox.toolchain import MissingTools
+from trainstack.terminal import err, fail, out
 
-out = Console(highlight=False, markup=False, emoji=False)
-err = Console(stderr=True, highlight=False, markup=False, emoji=False)
 sandbox = typer.Typer(
     help="A local cluster to try trainstack on: a real kube-apiserver, Volcano and simulated "
     "GPU nodes on 127.0.0.1, with a platform stack and its team stacks deployed (the e2e "
     "suite's control plane).",
     no_args_is_help=True,
 )
-
-
-def _fail(message: str) -> typer.Exit:
-    err.print(Text.assemble(("error: ", "bold red"), message), soft_wrap=True)
-    return typer.Exit(1)
 
 
 def _say(text: str) -> None:
@@ -51,7 +43,7 @@ def up_command(
         previewer = Previewer(Project.find(project_dir))
         state = local.up(previewer, stack, _say, jobs=jobs)
     except (local.SandboxError, ConfigError, MissingTools) as error:
-        raise _fail(str(error)) from None
+        raise fail(str(error)) from None
     for job in state.jobs:
         _say(f"  created job {job}")
     _say(f"sandbox of {state.stack} up at {state.server}; to use it:")
@@ -73,13 +65,13 @@ def status_command() -> None:
     """Whether a sandbox is up: its stack, API server, kubeconfig and processes."""
     state = local.State.read(local.home())
     if state is None:
-        raise _fail(f"no sandbox is up (no state in {local.home()}); `trainstack sandbox up`")
+        raise fail(f"no sandbox is up (no state in {local.home()}); `trainstack sandbox up`")
     alive = local.running(state)
     dead = sorted(set(state.pids) - set(alive))
     out.print(f"stack {state.stack}, API server {state.server}", soft_wrap=True)
     out.print(f"export KUBECONFIG={state.kubeconfig}", soft_wrap=True)
     if dead:
-        raise _fail(f"not running: {', '.join(dead)}; `trainstack sandbox down`, then up")
+        raise fail(f"not running: {', '.join(dead)}; `trainstack sandbox down`, then up")
 
 
 def register(app: typer.Typer) -> None:
