@@ -14,6 +14,7 @@ from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.mocks import ResourceRecord
 from trainstack.preview.plan import Plan
 from trainstack.preview.synth import SynthResult, run_mocked
+from trainstack.sandbox.local import reference_path
 
 # Tests never assert wall-clock times (docs/testing.md), and Hypothesis's default deadline
 # (200 ms per example) is one: it failed a property test on a loaded 2-core CI machine
@@ -46,7 +47,7 @@ def pytest_terminal_summary(
 
 def reference_dir() -> Path:
     """Upstream schemas and facts; never copied into the repo (TRAINSTACK_REFERENCE)."""
-    return Path(os.environ.get("TRAINSTACK_REFERENCE", ROOT.parent / "shared" / "reference"))
+    return reference_path(ROOT)
 
 
 @pytest.fixture

@@ -262,10 +262,9 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="trainstack-bench-scheduling-"))
     cfg, previewer = organisation(workdir)
     plan = previewer.preview("org")
-    default_conf = yaml.safe_load((reference / "volcano" / "volcano-scheduler.conf").read_text())
     plane = ControlPlane(tools, workdir / "cp", reference, scheduler_verbosity=1)
     try:
-        plane.start(default_conf)
+        plane.start()  # Volcano's default first; the run restarts it with each configuration
         outcome = deploy.converge(plane.kube, plan)
         assert not outcome.errors, outcome.errors
         simulated = deploy.simulate_nodes(plane.kube, cfg, plan)
@@ -286,7 +285,7 @@ def main() -> int:
         results = {}
         configurations = (
             ("generated", scheduler_config(cfg)),
-            ("default", default_conf),
+            ("default", plane.default_scheduler_conf()),
             ("generated-sampled-preempt", sampled_preempt(scheduler_config(cfg))),
         )
         for label, conf in configurations:

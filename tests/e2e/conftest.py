@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.conftest import ROOT, reference_dir
 from trainstack.kube import Kube
@@ -50,10 +49,8 @@ def control_plane(
         pytest.skip(f"reference folder {reference} is absent; set TRAINSTACK_REFERENCE to it")
     workdir = Path(os.environ.get("TRAINSTACK_E2E_WORKDIR") or tmp_path_factory.mktemp("cp"))
     plane = ControlPlane(tools, workdir, reference)
-    # Volcano's own chart default until a stack brings its generated configuration.
-    default_conf = yaml.safe_load((reference / "volcano" / "volcano-scheduler.conf").read_text())
     try:
-        plane.start(default_conf)
+        plane.start()  # Volcano's own chart default until a stack brings its configuration
         yield plane
     finally:
         plane.stop()

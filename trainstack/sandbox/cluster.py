@@ -120,7 +120,11 @@ class ControlPlane:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self, scheduler_conf: Mapping[str, Any]) -> None:
+    def start(self, scheduler_conf: Mapping[str, Any] | None = None) -> None:
+        """Start every process; Volcano's scheduler with `scheduler_conf`, by default its own
+        chart's (the reference folder's copy) until a stack brings its generated one."""
+        if scheduler_conf is None:
+            scheduler_conf = self.default_scheduler_conf()
         self._pki()
         self._etcd()
         self._apiserver()
@@ -130,6 +134,12 @@ class ControlPlane:
         self._volcano_controllers()
         self.restart_scheduler(scheduler_conf)
         self._kwok()
+
+    def default_scheduler_conf(self) -> dict[str, Any]:
+        """Volcano's own chart configuration, as the reference folder holds it."""
+        path = self.reference / "volcano" / "volcano-scheduler.conf"
+        conf: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return conf
 
     def stop(self) -> None:
         for process in reversed(list(self.processes.values())):

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from trainstack.preview.engine import Previewer
 from trainstack.sandbox import toolchain
 from trainstack.sandbox.cluster import ControlPlane
@@ -43,12 +41,17 @@ def home() -> Path:
     return Path(os.environ.get("TRAINSTACK_SANDBOX_DIR", default))
 
 
+def reference_path(root: Path) -> Path:
+    """The reference folder of upstream schemas and facts, never copied into the repository:
+    TRAINSTACK_REFERENCE, else ../shared/reference next to the checkout `root` (the tests read
+    it from here too, tests/conftest.py)."""
+    default = root.resolve().parent / "shared" / "reference"
+    return Path(os.environ.get("TRAINSTACK_REFERENCE", default))
+
+
 def reference(root: Path) -> Path:
-    """Upstream CRDs (Volcano's, prometheus-operator's), read from the reference folder as the
-    tests read them (TRAINSTACK_REFERENCE; default ../shared/reference next to the checkout)."""
-    path = Path(
-        os.environ.get("TRAINSTACK_REFERENCE", root.resolve().parent / "shared" / "reference")
-    )
+    """Upstream CRDs (Volcano's, prometheus-operator's), from the reference folder."""
+    path = reference_path(root)
     if not (path / "volcano" / "crd-bases").is_dir():
         raise SandboxError(
             f"the upstream CRDs are not at {path} (volcano/crd-bases, prometheus-operator); "
@@ -139,10 +142,9 @@ def up(previewer: Previewer, stack: str, say: Callable[[str], None], *, jobs: bo
     tools = ensure_tools(say)
     folder.mkdir(parents=True, exist_ok=True)
     plane = ControlPlane(tools, folder, ref, detach=True)
-    default_conf = yaml.safe_load((ref / "volcano" / "volcano-scheduler.conf").read_text())
     say("starting etcd, kube-apiserver, Volcano and kwok on 127.0.0.1")
     try:
-        plane.start(default_conf)
+        plane.start()
         say(f"deploying platform stack {stack} and simulating its nodes")
         platform = deploy_platform(plane, previewer, stack)
         created: list[str] = []
