@@ -74,6 +74,12 @@ class Identity:
     groups: tuple[str, ...] = ()
 
 
+class Unreachable(ConnectionError):
+    """No answer from the API server (refused, timed out, TLS failed). urllib3 raises its own
+    exception types, not OSError, for these; one OSError here lets every caller report them
+    as it reports any other network failure."""
+
+
 class KubeconfigError(Exception):
     """A kubeconfig trainstack cannot use: the message names the file and what to fix."""
 
@@ -127,9 +133,12 @@ class Kube:
         if params:
             url += "?" + urlencode(params)
         data = None if body is None else (body if isinstance(body, str) else json.dumps(body))
-        response = self.pool.request(
-            method, url, body=data, headers=headers, timeout=timeout, retries=False
-        )
+        try:
+            response = self.pool.request(
+                method, url, body=data, headers=headers, timeout=timeout, retries=False
+            )
+        except urllib3.exceptions.HTTPError as error:
+            raise Unreachable(f"no answer from {self.server} ({error})") from error
         payload: Any
         try:
             payload = json.loads(response.data) if response.data else None

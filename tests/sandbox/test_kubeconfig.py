@@ -243,3 +243,23 @@ def test_render_job_submit_without_a_kubeconfig_says_how_to_get_one(tmp_path: Pa
     assert result.exit_code == 1
     assert "no kubeconfig there" in result.output
     assert "Traceback" not in result.output
+
+
+def test_render_job_submit_to_an_unreachable_server_is_one_message(tmp_path: Path) -> None:
+    """urllib3 raises its own errors, not OSError, for a refused connection: the client turns
+    them into one (Unreachable), so every command that talks to a cluster reports it cleanly."""
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from trainstack.cli import app  # noqa: PLC0415
+
+    config = _config("https://127.0.0.1:1", {"token": "t"})  # nothing listens on port 1
+    kubeconfig = _write(tmp_path / "config", config)
+    spec = ROOT / "job_specs" / "vision" / "demo-train.yaml"
+    argv = ["render-job", str(spec), "--stack", "vision", "--submit"]
+    argv += ["--kubeconfig", str(kubeconfig), "--project-dir", str(ROOT)]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 1, result.output
+    assert " ".join(result.output.split()).startswith(
+        "error: cannot reach the cluster of the kubeconfig: no answer from https://127.0.0.1:1 ("
+    ), result.output
+    assert "Traceback" not in result.output

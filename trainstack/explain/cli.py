@@ -15,7 +15,6 @@ from typing import Annotated, Any
 
 import pulumi
 import typer
-import urllib3
 import yaml
 from rich.console import Console
 from rich.table import Table
@@ -76,7 +75,7 @@ def _kube(kubeconfig: Path | None, context: str | None) -> Kube:
 
 
 # What a user can fix, each as one message: their input, their credentials, the cluster they
-# named. urllib3 raises its own errors (not OSError) for refused connections and TLS failures.
+# named (an unreachable one is kube.Unreachable, an OSError).
 USER_ERRORS = (
     ExplainError,
     KubeconfigError,
@@ -85,7 +84,6 @@ USER_ERRORS = (
     ApiError,
     LookupError,
     OSError,
-    urllib3.exceptions.HTTPError,
 )
 
 
@@ -94,7 +92,7 @@ def described(error: Exception) -> str:
         return f"the API server answered {error.status} {error.reason}: {error.message}"
     if isinstance(error, LookupError):  # discovery: no Volcano on that cluster
         return f"{error}: is this the platform's cluster (Volcano installed)? check --context"
-    if isinstance(error, OSError | urllib3.exceptions.HTTPError):
+    if isinstance(error, OSError):
         return f"cannot reach the API server: {error}"
     return str(error)
 
