@@ -10,7 +10,7 @@ from trainstack.contracts import health as health_contract
 from trainstack.explain import volcano
 from trainstack.explain.jobinfo import key, replicas
 from trainstack.explain.model import Diagnosis, Live, Obj, Platform, Reason
-from trainstack.explain.resources import GPU, bound_requests, fmt, pod_spec_requests, quantity
+from trainstack.explain.resources import GPU, bound_requests, fmt, quantity, task_requests
 
 POOL_LABEL = labels.POOL
 
@@ -101,7 +101,7 @@ def _member(live: Live) -> dict[str, float]:
     """The largest gang member's request (the scheduler must place each)."""
     best: dict[str, float] = {}
     for task in live.job.get("spec", {}).get("tasks") or []:
-        request = pod_spec_requests(task.get("template", {}).get("spec", {}))
+        request = task_requests(task)
         if request.get(GPU, 0.0) >= best.get(GPU, 0.0):
             best = request
     return best

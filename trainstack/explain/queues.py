@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from trainstack.explain import volcano
 from trainstack.explain.jobinfo import key
 from trainstack.explain.model import Diagnosis, Live, Obj, Platform, Reason
-from trainstack.explain.resources import GPU, fmt, pod_spec_requests, quantity
+from trainstack.explain.resources import GPU, bound_requests, fmt, quantity, task_requests
 
 
 def _gpus(resources: Mapping[str, object] | None) -> float:
@@ -25,8 +25,9 @@ def _need(live: Live) -> float:
             return _gpus(minimum)
     total = 0.0
     for task in live.job.get("spec", {}).get("tasks") or []:
-        per = pod_spec_requests(task.get("template", {}).get("spec", {})).get(GPU, 0.0)
-        total += per * int(task.get("minAvailable", task.get("replicas", 1)))
+        total += task_requests(task).get(GPU, 0.0) * int(
+            task.get("minAvailable", task.get("replicas", 1))
+        )
     return total
 
 
@@ -36,12 +37,7 @@ def _queue_name(live: Live, platform: Platform) -> str:
 
 def _own_gpus(live: Live) -> float:
     """GPUs the job's own pods hold now (a restarting job's bound pods count in its queue)."""
-    return sum(
-        pod_spec_requests(p.get("spec", {})).get(GPU, 0.0)
-        for p in live.pods
-        if p.get("spec", {}).get("nodeName")
-        and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
-    )
+    return sum(held.get(GPU, 0.0) for held in bound_requests(live.pods).values())
 
 
 def queue_room(live: Live, platform: Platform) -> Diagnosis | None:

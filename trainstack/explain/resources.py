@@ -45,12 +45,16 @@ def _container(container: Obj) -> dict[str, float]:
     return {k: quantity(v) for k, v in merged.items()}
 
 
+def task_requests(task: Obj) -> dict[str, float]:
+    """What one pod of a Volcano Job's task requests (its pod template)."""
+    return pod_spec_requests(task.get("template", {}).get("spec", {}))
+
+
 def job_gpus(job: Obj) -> int:
     """GPUs the Job asks for: each task's pod template x its replicas."""
     total = 0.0
     for task in job.get("spec", {}).get("tasks") or []:
-        per = pod_spec_requests(task.get("template", {}).get("spec", {})).get(GPU, 0.0)
-        total += per * int(task.get("replicas", 1))
+        total += task_requests(task).get(GPU, 0.0) * int(task.get("replicas", 1))
     return int(total)
 
 
