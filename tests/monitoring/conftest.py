@@ -99,3 +99,19 @@ def write_rules(cfg: PlatformConfig, path: Path) -> Path:
     groups = [g for rule in b.prometheus_rules(cfg) for g in rule["spec"]["groups"]]
     path.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False), encoding="utf-8")
     return path
+
+
+def write_rule_tests(tmp_path: Path, cfg: PlatformConfig, tests: list[Any]) -> Path:
+    """`cfg`'s rules and a `promtool test rules` file of `tests` over them, in `tmp_path`."""
+    write_rules(cfg, tmp_path / "rules.yaml")
+    path = tmp_path / "rules_test.yaml"
+    doc = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def rule_tests_pass(promtool: str, cfg: PlatformConfig, tmp_path: Path, tests: list[Any]) -> str:
+    """Run `tests` over `cfg`'s rules with promtool; fail with its output unless all pass."""
+    result = run_promtool(promtool, "test", "rules", write_rule_tests(tmp_path, cfg, tests))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout

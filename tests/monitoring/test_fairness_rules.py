@@ -8,9 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from tests.monitoring.conftest import platform, platform_doc, run_promtool, write_rules
+from tests.monitoring.conftest import platform, platform_doc, rule_tests_pass
 from trainstack.builders.dashboards import dashboards
 from trainstack.builders.monitoring import fairness as f
 from trainstack.builders.monitoring import fairness_rules
@@ -93,18 +91,9 @@ def checks() -> list[dict[str, Any]]:
     ]
 
 
-def _run(promtool: str, cfg: PlatformConfig, tmp_path: Path, tests: list[Any]) -> None:
-    write_rules(cfg, tmp_path / "rules.yaml")
-    path = tmp_path / "rules_test.yaml"
-    doc = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}
-    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    result = run_promtool(promtool, "test", "rules", path)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
 def test_fairness_per_team_queue(promtool: str, cfg: PlatformConfig, tmp_path: Path) -> None:
     test = {"interval": "1m", "input_series": INPUTS, "promql_expr_test": checks()}
-    _run(promtool, cfg, tmp_path, [test])
+    rule_tests_pass(promtool, cfg, tmp_path, [test])
 
 
 def test_lent_is_capped_by_what_is_unused(
@@ -141,7 +130,7 @@ def test_lent_is_capped_by_what_is_unused(
             ],
         },
     ]
-    _run(promtool, cfg, tmp_path, tests)
+    rule_tests_pass(promtool, cfg, tmp_path, tests)
 
 
 def test_no_teams_no_fairness_rules_nor_dashboard(cfg: PlatformConfig) -> None:

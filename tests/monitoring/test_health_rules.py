@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.monitoring.conftest import platform, platform_doc, run_promtool, write_rules
+from tests.monitoring.conftest import (
+    platform,
+    platform_doc,
+    rule_tests_pass,
+    run_promtool,
+    write_rule_tests,
+)
 from tests.monitoring.test_objects import _grafana_free, _recorded, _selectors
 from tests.monitoring.test_rules import VISION, case, firing, series
 from trainstack.builders import dashboards as d
@@ -292,16 +298,6 @@ def gate_cases() -> list[dict[str, Any]]:
     return [*failed_cases(), *ungated_cases(), *pool_cases(), *repair_cases()]
 
 
-def _run(promtool: str, cfg: PlatformConfig, tmp_path: Path, tests: list[Any]) -> str:
-    write_rules(cfg, tmp_path / "rules.yaml")
-    path = tmp_path / "rules_test.yaml"
-    doc = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}
-    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    result = run_promtool(promtool, "test", "rules", path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
-
-
 def test_gate_alerts_fire_when_they_should_and_not_otherwise(
     promtool: str, gated: PlatformConfig, tmp_path: Path
 ) -> None:
@@ -310,14 +306,14 @@ def test_gate_alerts_fire_when_they_should_and_not_otherwise(
     wanted = {r["alert"] for r in health.health_alerts(gated)}
     assert wanted == {FAILED, UNGATED, POOL_SHORT, REPAIR, STRAGGLER}
     assert covered == wanted
-    _run(promtool, gated, tmp_path, tests)
+    rule_tests_pass(promtool, gated, tmp_path, tests)
 
 
 def test_the_straggler_alert_fires_without_the_gate(
     promtool: str, cfg: PlatformConfig, tmp_path: Path
 ) -> None:
     assert [r["alert"] for r in health.health_alerts(cfg)] == [STRAGGLER]
-    _run(promtool, cfg, tmp_path, straggler_cases())
+    rule_tests_pass(promtool, cfg, tmp_path, straggler_cases())
 
 
 @pytest.mark.parametrize(
@@ -335,14 +331,7 @@ def test_the_straggler_settings_reach_the_rule(
     """The harness can fail, and the config's settings are the rule's: under other settings
     the default's case fails."""
     cfg = gated_platform(**settings)
-    write_rules(cfg, tmp_path / "rules.yaml")
-    path = tmp_path / "rules_test.yaml"
-    doc = {
-        "rule_files": ["rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [straggler_cases()[case_index]],
-    }
-    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    path = write_rule_tests(tmp_path, cfg, [straggler_cases()[case_index]])
     result = run_promtool(promtool, "test", "rules", path)
     assert result.returncode != 0
     assert STRAGGLER in result.stdout + result.stderr
@@ -455,7 +444,7 @@ def test_the_repair_controller_counts_the_straggler_alerts_firings_by_node(
         "eval_time": "55m",
         "exp_samples": [{"labels": '{node="n2"}', "value": 1}],
     }
-    _run(promtool, gated, tmp_path, [{**episode, "promql_expr_test": [check]}])
+    rule_tests_pass(promtool, gated, tmp_path, [{**episode, "promql_expr_test": [check]}])
 
 
 def test_the_cluster_dashboard_shows_the_gate_when_it_is_on(

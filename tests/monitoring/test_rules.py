@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.monitoring.conftest import platform, run_promtool, write_rules
+from tests.monitoring.conftest import platform, run_promtool, write_rule_tests
 from trainstack.builders import monitoring as b
 from trainstack.builders.monitoring.health import health_alerts
 from trainstack.config.model import PlatformConfig
@@ -502,14 +502,6 @@ def alert_cases() -> list[dict[str, Any]]:
     ]
 
 
-def _write_tests(tmp_path: Path, cfg: PlatformConfig, tests: list[dict[str, Any]]) -> Path:
-    write_rules(cfg, tmp_path / "rules.yaml")
-    path = tmp_path / "rules_test.yaml"
-    doc = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}
-    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    return path
-
-
 def test_promtool_checks_every_rule_group(
     promtool: str, cfg: PlatformConfig, tmp_path: Path
 ) -> None:
@@ -530,7 +522,7 @@ def test_alerts_fire_when_they_should_and_not_otherwise(
     # test_health_rules.py, which holds them to the same rule.
     alerts = {r["alert"] for r in b.alert_rules(cfg)} - {r["alert"] for r in health_alerts(cfg)}
     assert covered == alerts, f"alerts without a promtool case: {sorted(alerts - covered)}"
-    result = run_promtool(promtool, "test", "rules", _write_tests(tmp_path, cfg, tests))
+    result = run_promtool(promtool, "test", "rules", write_rule_tests(tmp_path, cfg, tests))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -607,7 +599,7 @@ def test_accounting_two_teams(promtool: str, cfg: PlatformConfig, tmp_path: Path
         },
     ]
     result = run_promtool(
-        promtool, "test", "rules", _write_tests(tmp_path, cfg, [case(inputs, checks)])
+        promtool, "test", "rules", write_rule_tests(tmp_path, cfg, [case(inputs, checks)])
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
