@@ -369,30 +369,8 @@ def _member_kubeconfig(platform: Deployed, team: str, folder: Path) -> Path:
     pair = platform.plane.ca.issue(
         f"{team}-member", f"{team}-member@example.com", orgs=(team_group(entry),), client=True
     )
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "e2e",
-                "cluster": {
-                    "server": platform.plane.server,
-                    "certificate-authority": str(platform.plane.ca.cert),
-                },
-            }
-        ],
-        "users": [
-            {
-                "name": "member",
-                "user": {"client-certificate": str(pair.cert), "client-key": str(pair.key)},
-            }
-        ],
-        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "member"}}],
-        "current-context": "e2e",
-    }
-    path = folder / "kubeconfig"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return path
+    credentials = {"client-certificate": str(pair.cert), "client-key": str(pair.key)}
+    return platform.plane.write_kubeconfig(folder / "kubeconfig", "member", credentials)
 
 
 def _cli() -> typer.Typer:

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.e2e import jobs
 from tests.e2e.conftest import Deployed
@@ -100,27 +99,8 @@ def collector_kubeconfig(prod: Deployed, tmp_path: Path) -> Iterator[Path]:
         f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{ACCOUNT}/token",
         {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
     )
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "e2e",
-                        "cluster": {
-                            "server": prod.plane.server,
-                            "certificate-authority": str(prod.plane.ca.cert),
-                        },
-                    }
-                ],
-                "users": [{"name": ACCOUNT, "user": {"token": answer["status"]["token"]}}],
-                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": ACCOUNT}}],
-                "current-context": "e2e",
-            }
-        ),
-        encoding="utf-8",
+    path = prod.plane.write_kubeconfig(
+        tmp_path / "kubeconfig", ACCOUNT, {"token": answer["status"]["token"]}
     )
     try:
         yield path

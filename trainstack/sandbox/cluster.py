@@ -174,33 +174,30 @@ class ControlPlane:
         self.sa_keys = pki.service_account_keys(self.pki_dir)
 
     def kubeconfig(self) -> Path:
+        """The admin's kubeconfig (system:masters), written once."""
         path = self.workdir / "kubeconfig"
         if not path.exists():
-            config = {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "e2e",
-                        "cluster": {
-                            "server": self.server,
-                            "certificate-authority": str(self.ca.cert),
-                        },
-                    }
-                ],
-                "users": [
-                    {
-                        "name": "admin",
-                        "user": {
-                            "client-certificate": str(self.admin.cert),
-                            "client-key": str(self.admin.key),
-                        },
-                    }
-                ],
-                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "admin"}}],
-                "current-context": "e2e",
-            }
-            path.write_text(yaml.safe_dump(config), encoding="utf-8")
+            admin = {"client-certificate": str(self.admin.cert), "client-key": str(self.admin.key)}
+            self.write_kubeconfig(path, "admin", admin)
+        return path
+
+    def write_kubeconfig(self, path: Path, user: str, credentials: Mapping[str, str]) -> Path:
+        """A kubeconfig for this API server, verified against its CA, as `user` with these
+        credentials: `client-certificate` and `client-key`, or a `token`."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "e2e",
+                    "cluster": {"server": self.server, "certificate-authority": str(self.ca.cert)},
+                }
+            ],
+            "users": [{"name": user, "user": dict(credentials)}],
+            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
+            "current-context": "e2e",
+        }
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
         return path
 
     # -- etcd, API server, controller manager ---------------------------------------------------
