@@ -144,6 +144,17 @@ def test_platform_preview_prints_the_capacity_arithmetic(tmp_path: Path) -> None
     assert {"cpu", "memory", "nvidia.com/gpu"} <= set(cap["dimensions"])
     for name, dim in cap["dimensions"].items():
         assert _row(name, dim["cluster"], dim["capabilities"]).search(out), name
+    # prod's confined teams, nlp and recsys, may wait while vision holds their pools within
+    # its share (config/capacity.py pool_blind): each a row and a warning with its fix.
+    assert [e["team"] for e in cap["poolBlind"]] == ["nlp", "recsys"]
+    flowing = " ".join(out.split())  # the warnings wrap at the console's width
+    for entry in cap["poolBlind"]:
+        kept = ", ".join(f"{t} {n}" for t, n in sorted(entry["kept"].items()))
+        assert _row(entry["team"], entry["guarantee"]).search(out), entry
+        assert f"{entry['firm']} ({entry['pools'][0]}" in out
+        assert kept in out
+        assert f"team {entry['team']}'s guarantee of {entry['guarantee']} GPUs" in flowing
+    assert flowing.count("warning: trainstack:platform.registry.teams[") == 2
     # After the resource summary line, before the policy report.
     assert out.index(" Kubernetes objects, ") < out.index(" elastic GPUs (")
     assert out.rstrip().endswith("policy: no violations")
@@ -314,6 +325,27 @@ def test_capacity_text_is_a_pure_function_of_the_outputs() -> None:
     assert _row("memory", "24576Gi", "100Gi", "0%").search(text)
     # Outputs that arrive as JSON text render the same.
     assert capacity_text({"scheduling": json.dumps(PROD_LIKE)}) == text
+
+
+def test_capacity_text_shows_each_pool_blind_guarantee_and_its_warning() -> None:
+    blind = json.loads(json.dumps(PROD_LIKE))
+    blind["capacity"]["poolBlind"] = [
+        {
+            "team": "nlp",
+            "guarantee": 16,
+            "pools": ["h100-reserved"],
+            "firm": 32,
+            "kept": {"vision": 32},
+            "left": 0,
+            "warning": "trainstack:platform.registry.teams[1].quota.gpus: team nlp's guarantee",
+        }
+    ]
+    text = capacity_text({"scheduling": blind}, width=140)
+    assert "guarantees reclaim may not free: Volcano's queues do not know pools" in text
+    assert _row("nlp", 16, "32 (h100-reserved)", "vision 32", 0).search(text)
+    assert "warning: trainstack:platform.registry.teams[1].quota.gpus: team nlp's" in text
+    # None recorded (older plans, or nothing to warn about): no section.
+    assert "do not know pools" not in capacity_text({"scheduling": PROD_LIKE})
 
 
 def test_capacity_text_in_flat_mode_does_not_claim_deserved_shares() -> None:

@@ -370,3 +370,161 @@ def test_each_mode_takes_its_own_sharing_setting() -> None:
     )
     assert flat.registry.teams[0].quota.weight == 3
     load(platform(LOADER_POOLS, [team("a", 4, ["pa"], deserved=8)]))
+
+
+# -- pool-blind reclaim (issue 46 #5) -----------------------------------------------------------
+
+BLIND_POOLS = [
+    pool("pa", {**RESERVATION, "instanceCount": 2}, max=2),  # 16 firm
+    pool("pb", {**RESERVATION, "instanceCount": 2}, max=2),  # 16 firm
+]
+NARROW = team("narrow", 8, ["pa"])
+WAIT = (
+    "Volcano reclaims nothing from a queue within its share, whatever pool its pods sit on "
+    '(docs/scheduling.md, "What a guarantee does not cover")'
+)
+
+
+def warnings(teams: list[dict[str, Any]], **extra: Any) -> list[str]:
+    cfg = load(platform(BLIND_POOLS, teams, **extra))
+    return [str(i) for i in c.pool_blind_warnings(cfg, NOW)]
+
+
+@pytest.mark.parametrize(
+    ("teams", "extra", "message"),
+    [
+        (  # the e2e scenario (tests/e2e/test_pool_blind.py): wide within 16 holds all of pa
+            [team("wide", 8, deserved=16, borrowLimit=8), NARROW],
+            {},
+            "registry.teams[1].quota.gpus: team narrow's guarantee of 8 GPUs may wait for other "
+            "teams' jobs to end: its pool pa has 16 firm GPUs, wide may keep 16 of them within "
+            f"its fair share (deserved 16), leaving narrow 0; {WAIT}; lower wide's deserved to "
+            "at most 8 (registry.teams[0].quota.deserved; raise its borrowLimit to keep its "
+            "capability), so that what it holds above 8 is borrowed and reclaim returns it; or "
+            "give wide pools without pa (registry.teams[0].pools)",
+        ),
+        (  # flat: a share follows demand, so the capability bounds what is kept
+            [team("wide", 8, borrowLimit=16), NARROW],
+            {"scheduling": {"queueMode": "flat"}},
+            "registry.teams[1].quota.gpus: team narrow's guarantee of 8 GPUs may wait for other "
+            "teams' jobs to end: its pool pa has 16 firm GPUs, wide may keep 16 of them within "
+            "its fair share (queueMode flat: a share follows demand, up to its capability 24), "
+            f"leaving narrow 0; {WAIT}; lower wide's borrowLimit to at most 0 "
+            "(registry.teams[0].quota.borrowLimit), or use queueMode hierarchical with its "
+            "deserved at most 8, so that what it holds above 8 is borrowed and reclaim returns "
+            "it; or give wide pools without pa (registry.teams[0].pools)",
+        ),
+        (  # never a victim: up to its capability, whatever its deserved share
+            [team("wide", 8, borrowLimit=16, reclaimable=False), NARROW],
+            {},
+            "registry.teams[1].quota.gpus: team narrow's guarantee of 8 GPUs may wait for other "
+            "teams' jobs to end: its pool pa has 16 firm GPUs, wide may keep 16 of them within "
+            "its fair share (reclaimable: false, up to its capability 24), leaving narrow 0; "
+            f"{WAIT}; set wide's reclaimable: true (registry.teams[0].quota.reclaimable), so "
+            "that what it holds above 8 is borrowed and reclaim returns it; or give wide pools "
+            "without pa (registry.teams[0].pools)",
+        ),
+        (  # two keepers: a maximum flow of their shares onto pa
+            [
+                team("w1", 4, ["pa", "pb"], deserved=8),
+                team("w2", 4, ["pa", "pb"], deserved=8),
+                NARROW,
+            ],
+            {},
+            "registry.teams[2].quota.gpus: team narrow's guarantee of 8 GPUs may wait for other "
+            "teams' jobs to end: its pool pa has 16 firm GPUs, w1 and w2 may keep 16 of them "
+            "within their fair shares (w1 8: deserved 8; w2 8: deserved 8), leaving narrow 0; "
+            f"{WAIT}; lower the shares of w1, w2 so that they keep 8 fewer there (8 at most in "
+            "all): what they hold above their shares is borrowed, and reclaim returns it; or "
+            "give w1 pools without pa (registry.teams[0].pools); or give w2 pools without pa "
+            "(registry.teams[1].pools)",
+        ),
+        (  # part of the guarantee is left: the fix lowers the keeper by the rest
+            [team("wide", 8, deserved=12, borrowLimit=12), team("narrow", 8, ["pa"])],
+            {},
+            "registry.teams[1].quota.gpus: team narrow's guarantee of 8 GPUs may wait for other "
+            "teams' jobs to end: its pool pa has 16 firm GPUs, wide may keep 12 of them within "
+            f"its fair share (deserved 12), leaving narrow 4; {WAIT}; lower wide's deserved to "
+            "at most 8 (registry.teams[0].quota.deserved; raise its borrowLimit to keep its "
+            "capability), so that what it holds above 8 is borrowed and reclaim returns it; or "
+            "give wide pools without pa (registry.teams[0].pools)",
+        ),
+    ],
+)
+def test_a_guarantee_other_teams_may_keep_within_their_shares_is_a_warning(
+    teams: list[dict[str, Any]], extra: dict[str, Any], message: str
+) -> None:
+    """Issue 46 #5: Volcano reclaims only from a queue above its share, wherever its pods are;
+    a confined team's guarantee can wait with GPUs free on other pools. Warned, not refused:
+    the config loads."""
+    assert warnings(teams, **extra) == [f"trainstack:platform.{message}"]
+
+
+@pytest.mark.parametrize(
+    ("teams", "extra"),
+    [
+        # wide deserves its guarantee: what it holds on pa above 8 is borrowed and reclaimed
+        ([team("wide", 8, deserved=8, borrowLimit=16), NARROW], {}),
+        # the scenario's guarantee fits beside wide's share on pa
+        ([team("wide", 8, deserved=8, borrowLimit=8), team("narrow", 8, ["pa"])], {}),
+        # two confined teams at their shares leave each other's guarantee
+        ([team("a", 8, ["pa"]), team("b", 8, ["pa"])], {}),
+        # nobody else may use pa
+        ([team("wide", 8, ["pb"], deserved=16), NARROW], {}),
+        # every team may use every pool: a wait is not a pool's
+        ([team("wide", 8, deserved=16, borrowLimit=8), team("narrow", 8)], {}),
+        # no guarantee, nothing promised
+        ([team("wide", 8, deserved=24), team("narrow", 0, ["pa"], deserved=8)], {}),
+    ],
+)
+def test_arrangements_reclaim_can_honour_are_not_warned(
+    teams: list[dict[str, Any]], extra: dict[str, Any]
+) -> None:
+    assert warnings(teams, **extra) == []
+
+
+def test_the_summary_carries_each_pool_blind_guarantee_with_its_warning() -> None:
+    cfg = load(platform(BLIND_POOLS, [team("wide", 8, deserved=16, borrowLimit=8), NARROW]))
+    [entry] = c.summary(cfg, NOW)["poolBlind"]
+    [warning] = c.pool_blind_warnings(cfg, NOW)
+    assert entry == {
+        "team": "narrow",
+        "guarantee": 8,
+        "pools": ["pa"],
+        "firm": 16,
+        "kept": {"wide": 16},
+        "left": 0,
+        "warning": str(warning),
+    }
+
+
+def test_outside_a_blocks_window_no_keeper_means_no_pool_blind_warning() -> None:
+    """Firm GPUs that vanish with a capacity block's window are the guarantee check's case,
+    not a keeper's: nothing to reclaim from."""
+    block = pool("blk", {**BLOCK, "window": WINDOW, "instanceCount": 2}, max=2)
+    cfg = load(platform([block, BLIND_POOLS[1]], [team("a", 0), team("b", 8, ["blk"])]))
+    after = datetime(2026, 12, 14, 11, 30, tzinfo=UTC)
+    assert c.pool_blind(cfg, after) == []
+
+
+# What the claims can hold together, by enumeration: a maximum flow equals a minimum cut, the
+# least over sets X of claims of what the others claim plus what X's pools hold (König).
+def most_held(claims: list[c.Claim], pools: dict[str, int]) -> int:
+    best = sum(x.gpus for x in claims)
+    for size in range(1, len(claims) + 1):
+        for chosen in itertools.combinations(claims, size):
+            union = frozenset().union(*(x.pools for x in chosen)) & pools.keys()
+            rest = sum(x.gpus for x in claims if x not in chosen)
+            best = min(best, rest + sum(pools[p] for p in union))
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(claims_strategy, pools_strategy)
+def test_what_claims_hold_together_agrees_with_a_minimum_cut(
+    specs: list[tuple[int, set[str]]], pools: dict[str, int]
+) -> None:
+    claims = [claim(f"t{i}", g, *ps) for i, (g, ps) in enumerate(specs)]
+    held = c.carried(claims, pools)
+    assert sum(held.values()) == most_held(claims, pools)
+    assert all(0 <= held.get(x.name, 0) <= x.gpus for x in claims)

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from tests.e2e.conftest import Deployed
+from trainstack.builders.fabric import GPU_RESOURCE
+from trainstack.builders.pools import gpus_per_node, max_nodes
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.render import render
 from trainstack.jobs.spec import build
@@ -21,6 +23,8 @@ EXIT_CODE = "e2e.trainstack.io/exit-code"
 EXIT_AFTER = "e2e.trainstack.io/exit-after"
 EVICT_AFTER = "e2e.trainstack.io/evict-after"  # kwok-stages.yaml: pod-evicted
 VOLCANO_JOB = ("batch.volcano.sh/v1alpha1", "Job")
+QUEUE = ("scheduling.volcano.sh/v1beta1", "Queue")
+PODGROUP = ("scheduling.volcano.sh/v1beta1", "PodGroup")
 
 
 def spec(
@@ -138,3 +142,41 @@ def delete(platform: Deployed, job: Mapping[str, Any]) -> None:
 
     wait_for(f"job {meta['name']} deleted", gone, timeout=60)
     wait_for(f"pods of {meta['name']} gone", lambda: not pods(platform, job), timeout=60)
+
+
+# -- what the scheduler did: queues, pools, GPUs held ------------------------------------------
+
+
+def queue_gpus(platform: Deployed, team: str, level: str) -> int:
+    """GPUs of the team queue's `guarantee`, `deserved` or `capability`, as the stack made it."""
+    spec = platform.kube.get(*QUEUE, team)["spec"]
+    values = spec["guarantee"]["resource"] if level == "guarantee" else spec.get(level, {})
+    return int(values.get(GPU_RESOURCE, 0))
+
+
+def running_gpus(platform: Deployed, team: str, pool: str = "") -> int:
+    """GPUs the team's running pods hold, on one pool's nodes (named `<pool>-<n>`) or all."""
+    total = 0
+    for pod in platform.kube.list("v1", "Pod", team):
+        node = pod["spec"].get("nodeName") or ""
+        if pod.get("status", {}).get("phase") == "Running" and node.startswith(pool):
+            for container in pod["spec"]["containers"]:
+                total += int(container["resources"].get("requests", {}).get(GPU_RESOURCE, 0))
+    return total
+
+
+def pool_gpus(platform: Deployed, name: str) -> int:
+    """GPUs of a pool at its maximum size (the simulated nodes: sandbox/nodes.py)."""
+    pool = platform.cfg.pool(name)
+    assert pool is not None
+    return gpus_per_node(pool) * max_nodes(pool)
+
+
+def podgroup(platform: Deployed, job: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The PodGroup Volcano made for `job` (it owns it), once it exists."""
+    uid = live(platform, job)["metadata"]["uid"]
+    for group in platform.kube.list(*PODGROUP, job["metadata"]["namespace"]):
+        if any(ref.get("uid") == uid for ref in group["metadata"].get("ownerReferences", [])):
+            found: dict[str, Any] = group
+            return found
+    return None

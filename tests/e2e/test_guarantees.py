@@ -30,13 +30,9 @@ import yaml
 from tests.conftest import ROOT
 from tests.e2e import jobs
 from tests.e2e.conftest import Deployed, deploy_stack
-from trainstack.builders.fabric import GPU_RESOURCE
-from trainstack.builders.pools import gpus_per_node, max_nodes
 from trainstack.kube import wait_for
 from trainstack.preview.engine import Previewer, Project
 from trainstack.sandbox.cluster import ControlPlane
-
-QUEUE = ("scheduling.volcano.sh/v1beta1", "Queue")
 
 
 def flat_values(prod: dict[str, Any]) -> dict[str, Any]:
@@ -82,38 +78,15 @@ def clean(platform: Deployed) -> Iterator[Deployed]:
         jobs.delete(platform, job)
 
 
-def _queue_gpus(platform: Deployed, team: str, level: str) -> int:
-    spec = platform.kube.get(*QUEUE, team)["spec"]
-    values = spec["guarantee"]["resource"] if level == "guarantee" else spec.get(level, {})
-    return int(values.get(GPU_RESOURCE, 0))
-
-
-def _running(platform: Deployed, team: str, pool: str = "") -> int:
-    """GPUs the team's running pods hold, on one pool's nodes (named `<pool>-<n>`) or all."""
-    total = 0
-    for pod in platform.kube.list("v1", "Pod", team):
-        node = pod["spec"].get("nodeName") or ""
-        if pod.get("status", {}).get("phase") == "Running" and node.startswith(pool):
-            for container in pod["spec"]["containers"]:
-                total += int(container["resources"].get("requests", {}).get(GPU_RESOURCE, 0))
-    return total
-
-
-def _pool_gpus(platform: Deployed, name: str) -> int:
-    pool = platform.cfg.pool(name)
-    assert pool is not None
-    return gpus_per_node(pool) * max_nodes(pool)
-
-
 def _run_guarantee(platform: Deployed, team: str, pool: str, prefix: str, priority: str) -> None:
     """The team asks for its guarantee on `pool`, in 8-GPU jobs, and gets it within 90 s."""
-    guarantee = _queue_gpus(platform, team, "guarantee")
+    guarantee = jobs.queue_gpus(platform, team, "guarantee")
     for index in range(guarantee // 8):
         spec = jobs.spec(team, f"{prefix}-{index}", pool=pool, gpus=8, priority=priority)
         jobs.submit(platform, jobs.rendered(platform, spec))
     wait_for(
         f"{team} running its {guarantee} guaranteed GPUs",
-        lambda: _running(platform, team) >= guarantee,
+        lambda: jobs.running_gpus(platform, team) >= guarantee,
         timeout=90,
     )
 
@@ -129,12 +102,12 @@ def _saturate(
     """The team asks for everything: 8-GPU jobs filling each pool in turn, up to its
     capability. Once its running GPUs stop growing, what still waits is withdrawn (a pending
     request changes the proportion plugin's shares), and what runs is returned."""
-    capability = _queue_gpus(platform, team, "capability")
+    capability = jobs.queue_gpus(platform, team, "capability")
     if gpus is not None:
         capability = min(capability, gpus)
     made, asked = [], 0
     for pool in pools:
-        for index in range(min(_pool_gpus(platform, pool), capability - asked) // 8):
+        for index in range(min(jobs.pool_gpus(platform, pool), capability - asked) // 8):
             job = jobs.rendered(
                 platform,
                 jobs.spec(team, f"{prefix}-{pool}-{index}", pool=pool, gpus=8, priority=priority),
@@ -144,22 +117,22 @@ def _saturate(
             asked += 8
     last, since = -1, time.monotonic()
     while time.monotonic() - since < 6:  # unchanged for six scheduling periods
-        now = _running(platform, team)
+        now = jobs.running_gpus(platform, team)
         if now != last:
             last, since = now, time.monotonic()
         time.sleep(1)
     for job in made:
         if not jobs.running_pods(platform, job):
             jobs.delete(platform, job)
-    return _running(platform, team)
+    return jobs.running_gpus(platform, team)
 
 
 def _fair_floor(platform: Deployed, team: str) -> int:
     """What reclaim never takes a team below: its deserved share (hierarchical) or its
     guarantee (flat, where the share moves with demand but never below the guarantee)."""
     if platform.cfg.scheduling.queue_mode == "hierarchical":
-        return _queue_gpus(platform, team, "deserved")
-    return _queue_gpus(platform, team, "guarantee")
+        return jobs.queue_gpus(platform, team, "deserved")
+    return jobs.queue_gpus(platform, team, "guarantee")
 
 
 def test_a_lender_reclaims_its_guarantee_from_a_borrower(clean: Deployed) -> None:
@@ -173,12 +146,13 @@ def test_a_lender_reclaims_its_guarantee_from_a_borrower(clean: Deployed) -> Non
     which cannot use h200-burst, waits (the limit described in docs/scheduling.md)."""
     borrowed = _saturate(clean, "vision", ["h100-block", "h100-reserved", "h200-burst"], "b")
     _saturate(clean, "recsys", ["h200-burst"], "r")
-    guarantee = _queue_gpus(clean, "nlp", "guarantee")
+    guarantee = jobs.queue_gpus(clean, "nlp", "guarantee")
     assert borrowed > _fair_floor(clean, "vision"), "vision should be borrowing"
-    block = _pool_gpus(clean, "h100-block")
-    assert _running(clean, "vision", "h100-block-") + guarantee > block, "no room without reclaim"
+    block = jobs.pool_gpus(clean, "h100-block")
+    on_block = jobs.running_gpus(clean, "vision", "h100-block-")
+    assert on_block + guarantee > block, "no room without reclaim"
     _run_guarantee(clean, "nlp", "h100-block", "lender", "preemptible")
-    assert _running(clean, "vision") >= _fair_floor(clean, "vision")
+    assert jobs.running_gpus(clean, "vision") >= _fair_floor(clean, "vision")
 
 
 def test_a_confined_teams_guarantee_is_met_while_others_saturate(clean: Deployed) -> None:
@@ -186,12 +160,12 @@ def test_a_confined_teams_guarantee_is_met_while_others_saturate(clean: Deployed
     other GPU they may; recsys's guarantee still runs, on h200-burst, within a minute."""
     _saturate(clean, "vision", ["h200-burst", "h100-block", "h100-reserved"], "v")
     _saturate(clean, "nlp", ["h100-reserved", "h100-block"], "n")
-    h200 = _pool_gpus(clean, "h200-burst")
-    on_h200 = _running(clean, "vision", "h200-burst-")
-    guarantee = _queue_gpus(clean, "recsys", "guarantee")
+    h200 = jobs.pool_gpus(clean, "h200-burst")
+    on_h200 = jobs.running_gpus(clean, "vision", "h200-burst-")
+    guarantee = jobs.queue_gpus(clean, "recsys", "guarantee")
     assert on_h200 + guarantee > h200, "vision should hold the GPUs recsys needs"
     _run_guarantee(clean, "recsys", "h200-burst", "confined", "normal")
-    assert _running(clean, "vision") >= _fair_floor(clean, "vision")
+    assert jobs.running_gpus(clean, "vision") >= _fair_floor(clean, "vision")
 
 
 def _running_class(platform: Deployed, team: str, short: str) -> int:
@@ -217,11 +191,11 @@ def test_priority_preempts_inside_a_queue(clean: Deployed) -> None:
     (10 %) the preempt action's dry run looked at one of the four h200-burst nodes, from a
     random offset, and a normal job went about half the time (issue 39 #3; v1.15.1
     actions/preempt/preempt.go calculateNumCandidates). The platform sets it to 100."""
-    capability = _queue_gpus(clean, "vision", "capability")
+    capability = jobs.queue_gpus(clean, "vision", "capability")
     _saturate(clean, "vision", ["h200-burst"], "h200", gpus=16)
     _saturate(clean, "vision", ["h100-block", "h100-reserved"], "h100", gpus=capability - 32)
     _saturate(clean, "vision", ["h200-burst"], "spare", "preemptible", gpus=16)
-    assert _running(clean, "vision") == capability
+    assert jobs.running_gpus(clean, "vision") == capability
     assert _running_class(clean, "vision", "preemptible") == 16
     normal = _running_class(clean, "vision", "normal")
     urgent = jobs.rendered(
@@ -238,13 +212,13 @@ def test_priority_preempts_inside_a_queue(clean: Deployed) -> None:
     wait_for("one of vision's jobs evicted for urgent", lambda: lower() < 16 + normal, timeout=60)
     jobs.wait_running(clean, urgent, timeout=60)
     assert lower() == 16 + normal - 8, "exactly one of vision's own lower-class jobs made room"
-    assert _running(clean, "vision") == capability
+    assert jobs.running_gpus(clean, "vision") == capability
 
 
 def _state(platform: Deployed, job: dict[str, Any]) -> dict[str, Any]:
     """What a failed wait reports: the GPUs each team runs, the job's pods and status."""
     return {
-        "running": {t: _running(platform, t) for t in ("vision", "nlp", "recsys")},
+        "running": {t: jobs.running_gpus(platform, t) for t in ("vision", "nlp", "recsys")},
         "pods": sorted(
             (p["metadata"]["name"], p.get("status", {}).get("phase"), p["spec"].get("nodeName"))
             for p in jobs.pods(platform, job)
@@ -286,7 +260,11 @@ def _nlp_holds_16_of_the_block(platform: Deployed) -> list[dict[str, Any]]:
     ]
     for job in hold:
         jobs.submit(platform, job)
-    wait_for("nlp holding 16 of h100-block", lambda: _running(platform, "nlp") == 16, timeout=60)
+    wait_for(
+        "nlp holding 16 of h100-block",
+        lambda: jobs.running_gpus(platform, "nlp") == 16,
+        timeout=60,
+    )
     return hold
 
 
@@ -387,8 +365,8 @@ def test_a_lender_reclaims_only_the_workers_above_an_elastic_jobs_minimum(
     before = jobs.wait_running(clean, elastic, timeout=60)
     store = _store(clean, elastic)
     assert store is not None
-    guarantee = _queue_gpus(clean, "nlp", "guarantee")
-    assert _running(clean, "vision", "h100-block-") == _pool_gpus(clean, "h100-block")
+    guarantee = jobs.queue_gpus(clean, "nlp", "guarantee")
+    assert jobs.running_gpus(clean, "vision", "h100-block-") == jobs.pool_gpus(clean, "h100-block")
     assert guarantee <= 8 * (8 - 4), "the workers above the minimum cover nlp's guarantee"
 
     fewest = [8]
@@ -405,7 +383,7 @@ def test_a_lender_reclaims_only_the_workers_above_an_elastic_jobs_minimum(
         jobs.submit(clean, jobs.rendered(clean, spec))
     wait_for(
         "nlp running its guarantee",
-        lambda: watched() >= 0 and _running(clean, "nlp") >= guarantee,
+        lambda: watched() >= 0 and jobs.running_gpus(clean, "nlp") >= guarantee,
         timeout=90,
     )
     lost = guarantee // 8
@@ -431,7 +409,7 @@ def test_a_lender_reclaims_only_the_workers_above_an_elastic_jobs_minimum(
     # job_controller_util.go applyPolicies); never a RestartJob's worth of restarts.
     assert 1 <= int(jobs.live(clean, elastic)["status"].get("retryCount", 0)) <= lost
     time.sleep(5)  # scheduling periods pass: the lost workers wait, nlp keeps its GPUs
-    assert _running(clean, "nlp") >= guarantee
+    assert jobs.running_gpus(clean, "nlp") >= guarantee
     assert len(_workers(jobs.running_pods(clean, elastic))) == 8 - lost
 
 

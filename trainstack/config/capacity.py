@@ -185,6 +185,34 @@ class _Flow:
         return {n for n, lvl in enumerate(self._levels(source)) if lvl >= 0}
 
 
+def _network(wanted: list[Claim], capacity: Mapping[str, int]) -> tuple[_Flow, dict[str, int], int]:
+    """Source 0, claim i at node i (from 1, in order), then the pools (sorted), then the sink;
+    the source's edges are the claims', in order. Returns the network, each pool's node and
+    the sink."""
+    pools = sorted(capacity)
+    sink = 1 + len(wanted) + len(pools)
+    index = {p: 1 + len(wanted) + i for i, p in enumerate(pools)}
+    flow = _Flow(sink + 1)
+    unlimited = sum(c.gpus for c in wanted) + 1
+    for i, claim in enumerate(wanted, start=1):
+        flow.add(0, i, claim.gpus)
+        for pool in claim.pools & capacity.keys():
+            flow.add(i, index[pool], unlimited)
+    for pool in pools:
+        flow.add(index[pool], sink, capacity[pool])
+    return flow, index, sink
+
+
+def carried(claims: Iterable[Claim], capacity: Mapping[str, int]) -> dict[str, int]:
+    """What a maximum flow places of each claim (by name) on the pools it may use: their sum
+    is the most the claims can hold there together."""
+    wanted = [c for c in claims if c.gpus > 0]
+    flow, _, sink = _network(wanted, capacity)
+    flow.run(0, sink)
+    # The source's edges, in claim order: what is left of each is what was not placed.
+    return {claim.name: claim.gpus - flow.cap[flow.edges[0][i]] for i, claim in enumerate(wanted)}
+
+
 def shortfalls(claims: Iterable[Claim], capacity: Mapping[str, int]) -> list[Shortfall]:
     """Every independent set of claims the pools cannot carry, each with its pools.
 
@@ -195,16 +223,8 @@ def shortfalls(claims: Iterable[Claim], capacity: Mapping[str, int]) -> list[Sho
     """
     wanted = [c for c in claims if c.gpus > 0]
     pools = sorted(capacity)
-    source, sink = 0, 1 + len(wanted) + len(pools)
-    index = {p: 1 + len(wanted) + i for i, p in enumerate(pools)}
-    flow = _Flow(sink + 1)
-    unlimited = sum(c.gpus for c in wanted) + 1
-    for i, claim in enumerate(wanted, start=1):
-        flow.add(source, i, claim.gpus)
-        for pool in claim.pools & capacity.keys():
-            flow.add(i, index[pool], unlimited)
-    for pool in pools:
-        flow.add(index[pool], sink, capacity[pool])
+    flow, index, sink = _network(wanted, capacity)
+    source = 0
     if flow.run(source, sink) == sum(c.gpus for c in wanted):
         return []
     side = flow.reachable(source)
@@ -434,6 +454,206 @@ def _group_issues(cfg: PlatformConfig) -> list[ConfigIssue]:
     return issues
 
 
+# -- pool-blind reclaim (issue 46 #5) ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Keeper:
+    """A team that may keep GPUs of a confined team's pools which reclaim will not take."""
+
+    team: str
+    index: int  # in registry.teams
+    gpus: int  # of the confined team's firm GPUs it may keep (one maximum placement)
+    share: int  # what it keeps them under: its deserved share, or its capability
+    why: str  # "deserved" | "flat" (the share follows demand) | "unreclaimable"
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """A confined team's guarantee that Volcano may leave waiting with GPUs free elsewhere."""
+
+    team: str
+    index: int
+    guarantee: int
+    pools: tuple[str, ...]
+    firm: int  # GPUs of those pools
+    keepers: tuple[Keeper, ...]
+
+    @property
+    def kept(self) -> int:
+        return sum(k.gpus for k in self.keepers)
+
+    @property
+    def left(self) -> int:
+        return max(0, self.firm - self.kept)
+
+
+def _kept_under(team: Team, hierarchical: bool) -> tuple[int, str]:
+    """The most GPUs a team's queue holds that reclaim never takes, and why.
+
+    - A queue with `reclaimable: false` is never a victim (v1.15.1 actions/reclaim/reclaim.go,
+      reclaimForTask: `q.Reclaimable()`): up to its capability.
+    - hierarchical: the capacity plugin takes a victim only while its queue's allocation is
+      above its deserved share (capacity.go reclaimableFn, checkDeservedExceedance:
+      `allocated.GreaterPartlyWithRelevantDimensions(deserved, ...)`), and never below its
+      guarantee (checkGuaranteeConstraint).
+    - flat: the proportion plugin's share is the queue's weighted part of the cluster, capped
+      at what it asks for, so while the cluster has room for every request each queue deserves
+      what it asks (proportion.go OnSessionOpen) and none is a victim (reclaimableFn:
+      `!allocated.LessEqual(deserved)`): up to its capability.
+    """
+    if not team.quota.reclaimable:
+        return team.quota.capability_gpus, "unreclaimable"
+    if hierarchical:
+        return team.quota.deserved_gpus, "deserved"
+    return team.quota.capability_gpus, "flat"
+
+
+def pool_blind(cfg: PlatformConfig, now: datetime | None = None) -> list[Exposure]:
+    """Confined teams whose guarantee other teams can hold off while within their shares.
+
+    Volcano's queues do not know pools: a reclaimer looks for victims only on the nodes it
+    fits (reclaim.go reclaimForTask), and takes one only from a queue above its share, wherever
+    that queue's other pods are. So a team that may use some pools only waits, GPUs free on
+    the others, while teams within their shares hold its pools, until their jobs end. For each
+    such team the worst case is a maximum flow: every other team sharing its pools, each up to
+    what reclaim leaves it (`_kept_under`), onto the firm GPUs of those pools (a guarantee
+    rests on firm GPUs). It is reported when the rest is less than the team's guarantee.
+    A team that may use every pool is not: whatever it waits for is not on a pool it cannot
+    leave (the guarantee and deserved checks above bound that).
+    """
+    supply = supplies(cfg, now)
+    hierarchical = cfg.scheduling.queue_mode == "hierarchical"
+    teams = cfg.registry.teams
+    found = []
+    for index, team in enumerate(teams):
+        mine = frozenset(team.pools) & supply.keys()
+        if team.quota.gpus <= 0 or mine == supply.keys():
+            continue
+        firm = {p: supply[p].firm for p in mine}
+        others = [(i, t) for i, t in enumerate(teams) if i != index and mine & set(t.pools)]
+        under = {t.name: _kept_under(t, hierarchical) for _, t in others}
+        placed = carried(
+            [Claim(t.name, under[t.name][0], mine & frozenset(t.pools)) for _, t in others], firm
+        )
+        keepers = tuple(
+            Keeper(t.name, i, placed[t.name], *under[t.name])
+            for i, t in others
+            if placed.get(t.name)
+        )
+        exposure = Exposure(
+            team.name, index, team.quota.gpus, tuple(sorted(mine)), sum(firm.values()), keepers
+        )
+        # With no keeper the firm GPUs fall short by themselves: the guarantee check's case.
+        if keepers and exposure.left < exposure.guarantee:
+            found.append(exposure)
+    return found
+
+
+def _why(keeper: Keeper) -> str:
+    if keeper.why == "unreclaimable":
+        return f"reclaimable: false, up to its capability {keeper.share}"
+    if keeper.why == "flat":
+        return f"queueMode flat: a share follows demand, up to its capability {keeper.share}"
+    return f"deserved {keeper.share}"
+
+
+def _keepers_text(exposure: Exposure) -> str:
+    """Who may keep how many of the confined team's firm GPUs, and under what share."""
+    if len(exposure.keepers) == 1:
+        [keeper] = exposure.keepers
+        return (
+            f"{keeper.team} may keep {keeper.gpus} of them within its fair share ({_why(keeper)})"
+        )
+    names = ", ".join(k.team for k in exposure.keepers[:-1])
+    each = "; ".join(f"{k.team} {k.gpus}: {_why(k)}" for k in exposure.keepers)
+    return (
+        f"{names} and {exposure.keepers[-1].team} may keep {exposure.kept} of them within "
+        f"their fair shares ({each})"
+    )
+
+
+def _pools_have(exposure: Exposure) -> str:
+    if len(exposure.pools) == 1:
+        return f"its pool {exposure.pools[0]} has"
+    return f"its pools {', '.join(exposure.pools)} have"
+
+
+def _pool_blind_fix(cfg: PlatformConfig, exposure: Exposure) -> str:
+    """Lower what the keepers keep there by the shortfall, or take the pools from them."""
+    short = exposure.guarantee - exposure.left
+    teams = cfg.registry.teams
+    fixes = []
+    if len(exposure.keepers) == 1:
+        [keeper] = exposure.keepers
+        quota = teams[keeper.index].quota
+        where = f"registry.teams[{keeper.index}].quota"
+        target = keeper.gpus - short  # what it may then keep there at most
+        steps = []
+        # Below its guarantee nothing is reclaimed: then only moving it helps.
+        if target >= quota.gpus and cfg.scheduling.queue_mode == "hierarchical":
+            if quota.deserved_gpus > target:
+                steps.append(
+                    f"lower {keeper.team}'s deserved to at most {target} ({where}.deserved; "
+                    "raise its borrowLimit to keep its capability)"
+                )
+        elif target >= quota.gpus:
+            steps.append(
+                f"lower {keeper.team}'s borrowLimit to at most {target - quota.gpus} "
+                f"({where}.borrowLimit), or use queueMode hierarchical with its deserved at "
+                f"most {target}"
+            )
+        if steps and keeper.why == "unreclaimable":
+            steps.append(f"set its reclaimable: true ({where}.reclaimable)")
+        elif target >= quota.gpus and keeper.why == "unreclaimable":
+            steps.append(f"set {keeper.team}'s reclaimable: true ({where}.reclaimable)")
+        if steps:
+            fixes.append(
+                f"{' and '.join(steps)}, so that what it holds above {target} is borrowed and "
+                "reclaim returns it"
+            )
+    else:
+        names = ", ".join(k.team for k in exposure.keepers)
+        fixes.append(
+            f"lower the shares of {names} so that they keep {short} fewer there "
+            f"({exposure.kept - short} at most in all): what they hold above their shares is "
+            "borrowed, and reclaim returns it"
+        )
+    pools = set(exposure.pools)
+    for keeper in exposure.keepers:
+        entry = teams[keeper.index]
+        if set(entry.pools) - pools:
+            shared = ", ".join(p for p in entry.pools if p in pools)
+            fixes.append(
+                f"give {keeper.team} pools without {shared} (registry.teams[{keeper.index}].pools)"
+            )
+    if not fixes:
+        fixes.append(f"lower {exposure.team}'s guarantee to at most {exposure.left}")
+    return "; or ".join(fixes)
+
+
+def pool_blind_warnings(cfg: PlatformConfig, now: datetime | None = None) -> list[ConfigIssue]:
+    """`pool_blind` as the preview and `trainstack validate` print it: a warning, not an
+    error. The wait is bounded (it ends when the keepers' jobs on those pools end, within
+    their maximum duration), and the arrangement that causes it, a team that may use every
+    pool with a fair share larger than a confined team's guarantee leaves on its pools, is
+    the platform's default and often wanted (docs/scheduling.md, "What a guarantee does not
+    cover")."""
+    return [pool_blind_warning(cfg, exposure) for exposure in pool_blind(cfg, now)]
+
+
+def pool_blind_warning(cfg: PlatformConfig, exposure: Exposure) -> ConfigIssue:
+    return ConfigIssue(
+        f"trainstack:platform.registry.teams[{exposure.index}].quota.gpus",
+        f"team {exposure.team}'s guarantee of {exposure.guarantee} GPUs may wait for other "
+        f"teams' jobs to end: {_pools_have(exposure)} {exposure.firm} firm GPUs, "
+        f"{_keepers_text(exposure)}, leaving {exposure.team} {exposure.left}; Volcano reclaims "
+        "nothing from a queue within its share, whatever pool its pods sit on "
+        '(docs/scheduling.md, "What a guarantee does not cover"); '
+        f"{_pool_blind_fix(cfg, exposure)}",
+    )
+
+
 # -- settings the queue mode ignores ----------------------------------------------------------
 
 
@@ -513,4 +733,17 @@ def summary(cfg: PlatformConfig, now: datetime | None = None) -> dict[str, Any]:
             name: dict(zip(("guarantee", "deserved"), envelope, strict=True))
             for name, envelope in groups.items()
         },
+        # Confined teams' guarantees that reclaim may not free (pool_blind): a warning each.
+        "poolBlind": [
+            {
+                "team": e.team,
+                "guarantee": e.guarantee,
+                "pools": list(e.pools),
+                "firm": e.firm,
+                "kept": {k.team: k.gpus for k in e.keepers},
+                "left": e.left,
+                "warning": str(pool_blind_warning(cfg, e)),
+            }
+            for e in pool_blind(cfg, now)
+        ],
     }

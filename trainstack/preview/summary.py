@@ -178,7 +178,38 @@ def capacity_renderables(outputs: Mapping[str, Any]) -> list[RenderableType]:
     dimensions = _mapping(capacity.get("dimensions"))
     if dimensions:
         out.append(_dimensions(dimensions))
+    blind = capacity.get("poolBlind")
+    if isinstance(blind, list) and blind:
+        out += _pool_blind(blind)
     return out
+
+
+def _pool_blind(entries: list[Any]) -> list[RenderableType]:
+    """Confined teams' guarantees that other teams may hold off within their fair shares
+    (config/capacity.py pool_blind), and each warning with its fix."""
+    table = Table(title="guarantees reclaim may not free: Volcano's queues do not know pools")
+    table.add_column("team", overflow="fold")
+    table.add_column("guarantee", justify="right")
+    table.add_column("firm on its pools", overflow="fold")
+    table.add_column("others keep within their shares", overflow="fold")
+    table.add_column("left", justify="right")
+    warnings: list[RenderableType] = []
+    for entry in map(_mapping, entries):
+        kept = _mapping(entry.get("kept"))
+        pools = entry.get("pools")
+        table.add_row(
+            Text(str(entry.get("team", "?"))),
+            Text(str(entry.get("guarantee", "?"))),
+            Text(
+                f"{entry.get('firm', '?')}"
+                + (f" ({', '.join(map(str, pools))})" if isinstance(pools, list) else "")
+            ),
+            Text(", ".join(f"{team} {gpus}" for team, gpus in sorted(kept.items()))),
+            Text(str(entry.get("left", "?"))),
+        )
+        if entry.get("warning"):
+            warnings.append(Text.assemble(("warning: ", "bold yellow"), str(entry["warning"])))
+    return [table, *warnings]
 
 
 def _job_row(job: Mapping[str, Any]) -> tuple[str, int, int, str, str, float | None]:

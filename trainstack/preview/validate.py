@@ -19,7 +19,14 @@ from pathlib import Path
 import pulumi
 
 from trainstack import yamlio
-from trainstack.config import ConfigError, ConfigIssue, TeamStackConfig, load_stack_file
+from trainstack.config import (
+    ConfigError,
+    ConfigIssue,
+    PlatformConfig,
+    TeamStackConfig,
+    load_stack_file,
+)
+from trainstack.config.capacity import pool_blind_warnings
 from trainstack.config.loader import stack_name_from_path
 from trainstack.documents import document_kind
 from trainstack.jobs.files import job_files
@@ -64,6 +71,9 @@ class Validator:
     def _stack(self, path: Path, result: Result) -> None:
         config = load_stack_file(path)  # schema and cross-field rules: a ConfigError here
         kind = "team" if isinstance(config, TeamStackConfig) else "platform"
+        if isinstance(config, PlatformConfig):
+            # Valid, but a confined team's guarantee may wait (issue 46 #5): a warning.
+            result.notes += [str(issue) for issue in pool_blind_warnings(config)]
         name = self._stack_name(path)
         if name is None:
             result.what = f"{kind} stack; outside a project's stack folder: schema and rules only"
