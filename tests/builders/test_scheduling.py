@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import ROOT
 from trainstack.builders import scheduling as s
+from trainstack.builders import topology
 from trainstack.builders.pools import fabric_profile
 from trainstack.config import ConfigError, PlatformConfig, parse_stack_config
 
@@ -50,6 +51,9 @@ POOLS = [
     },
 ]
 FIRM = {"h100": 16, "h200": 8, "l40s": 0}
+# HyperNodes the platform writes per pool and zone (the default on an existing cluster, and on
+# AWS without network topology labels; builders/topology.py has the labels' source)
+POOL_TOPOLOGY = {"topology": {"source": "pools"}}
 
 
 def config(
@@ -293,7 +297,8 @@ def test_preemption_considers_every_gpu_node_at_any_scale() -> None:
 
 def test_hypernodes_follow_placement_groups_and_zones() -> None:
     nodes = {
-        n["metadata"]["name"]: n["spec"] for n in s.hypernodes(config([team("a", 0, ["h100"])]))
+        n["metadata"]["name"]: n["spec"]
+        for n in s.hypernodes(config([team("a", 0, ["h100"])], **POOL_TOPOLOGY))
     }
     assert set(nodes) == {"pool-h100", "pool-h200", "zone-us-east-1a", "zone-us-east-1b"}
     member = nodes["pool-h100"]["members"][0]
@@ -512,7 +517,7 @@ def test_hypernodes_have_a_pool_tier_and_a_zone_tier() -> None:
     tier (`pool` or `zone`) is one of these (jobs/render.py TIERS)."""
     for cfg, pool, match, zone in [
         (
-            config([team("a", 0, ["h100"])]),
+            config([team("a", 0, ["h100"])], **POOL_TOPOLOGY),
             "h100",
             {"trainstack.io/placement-group": "odcr-h100"},
             "zone-us-east-1a",
@@ -540,7 +545,8 @@ def test_hypernodes_have_a_pool_tier_and_a_zone_tier() -> None:
             assert n["metadata"]["labels"]["trainstack.io/stack"] == cfg.stack
     # the spot pool without a placement group has no HyperNode (no topology inside it)
     assert "pool-l40s" not in {
-        n["metadata"]["name"] for n in s.hypernodes(config([team("a", 0, ["h100"])]))
+        n["metadata"]["name"]
+        for n in s.hypernodes(config([team("a", 0, ["h100"])], **POOL_TOPOLOGY))
     }
 
 
@@ -642,6 +648,9 @@ def test_volcano_values(environment: str, cloud: str) -> None:
     cfg = dataclasses.replace(cfg, environment=environment)
     custom = s.volcano_values(cfg)["custom"]
     assert yaml.safe_load(custom.pop("scheduler_config_override")) == s.scheduler_config(cfg)
+    # Volcano discovers the HyperNodes from EKS's labels on AWS (builders/topology.py)
+    assert custom.pop("controller_config_override", None) == topology.controller_config(cfg)
+    assert (topology.controller_config(cfg) is not None) == (cloud == "aws")
     assert custom == {
         "scheduler_metrics_enable": True,
         "controller_metrics_enable": True,
@@ -669,6 +678,7 @@ def test_what_team_stacks_read() -> None:
         "priorityClasses": ["trainstack-high"],
         "gpus": {"guarantee": 8, "deserved": 10, "capability": 10},
         "quota": s.team_quotas(cfg, cfg.registry.teams[0]),
+        "topologyTiers": {"pool": 1, "zone": 4},
     }
     output = s.scheduling_output(cfg)
     assert output["queueMode"] == "hierarchical"
@@ -682,7 +692,8 @@ def test_only_pools_in_a_placement_group_get_a_hypernode_in_any_order() -> None:
     job in; the pools listed after it still get theirs."""
     pools = [POOLS[2], POOLS[0], POOLS[1]]
     names = {
-        n["metadata"]["name"] for n in s.hypernodes(config([team("a", 0, ["h100"])], pools=pools))
+        n["metadata"]["name"]
+        for n in s.hypernodes(config([team("a", 0, ["h100"])], pools=pools, **POOL_TOPOLOGY))
     }
     assert names == {"pool-h100", "pool-h200", "zone-us-east-1a", "zone-us-east-1b"}
 
@@ -701,7 +712,9 @@ def test_reserved_capacity_gets_a_pool_hypernode_only_where_ec2_keeps_it_togethe
     del block["placementGroup"]
     nodes = {
         n["metadata"]["name"]: n["spec"]
-        for n in s.hypernodes(config([team("a", 0, ["h200"])], pools=[reserved, block, POOLS[1]]))
+        for n in s.hypernodes(
+            config([team("a", 0, ["h200"])], pools=[reserved, block, POOLS[1]], **POOL_TOPOLOGY)
+        )
     }
     assert "pool-h100" not in nodes
     assert nodes["pool-block"]["members"] == [

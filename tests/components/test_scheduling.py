@@ -125,11 +125,24 @@ def test_child_queues_depend_on_their_parent(run_program: Callable[..., Recorded
     assert queues["trainstack"].urn in queues["nlp"].dependencies
 
 
+def _discovery(rec: Recorded) -> object:
+    release = rec.one("kubernetes:helm.sh/v3:Release", "v-chart")
+    return release.inputs["values"]["custom"].get("controller_config_override")
+
+
 def test_topology_can_be_switched_off(run_program: Callable[..., Recorded]) -> None:
-    assert run(run_program).of_type("kubernetes:topology.volcano.sh/v1alpha1:HyperNode")
-    assert not run(run_program, topologyAware=False).of_type(
-        "kubernetes:topology.volcano.sh/v1alpha1:HyperNode"
-    )
+    """One source of HyperNodes at a time: the platform's own (pools), or Volcano's
+    discovery from the nodes' labels (the default on AWS with such instance types), or none."""
+    hypernode = "kubernetes:topology.volcano.sh/v1alpha1:HyperNode"
+    pools = run(run_program, topology={"source": "pools"})
+    assert pools.of_type(hypernode)
+    assert _discovery(pools) is None
+    labels = run(run_program)
+    assert not labels.of_type(hypernode)
+    assert _discovery(labels) is not None
+    off = run(run_program, topologyAware=False)
+    assert not off.of_type(hypernode)
+    assert _discovery(off) is None
 
 
 def test_volcano_chart_ships_its_crds_as_release_templates() -> None:

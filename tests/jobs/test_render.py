@@ -502,23 +502,57 @@ def test_a_one_replica_job_has_a_master_and_no_empty_worker_task(view: PlatformV
     ]
 
 
-@pytest.mark.parametrize(("tier", "hypernode_tier"), [("pool", 1), ("zone", 2)])
+@pytest.mark.parametrize(
+    ("stack", "tier", "hypernode_tier"),
+    [("prod", "pool", 1), ("prod", "zone", 4), ("onprem", "pool", 1), ("onprem", "zone", 2)],
+)
 def test_topology_tiers_are_the_hypernodes_tiers(
-    view: PlatformView, tier: str, hypernode_tier: int, example_plans: dict[str, Plan]
+    stack: str, tier: str, hypernode_tier: int, example_plans: dict[str, Plan]
 ) -> None:
-    """`highestTierAllowed` counts HyperNode tiers: a job kept within a zone may span the
-    zone's pools (tier 2, builders/scheduling.hypernodes), not the whole cluster."""
-    spec = dataclasses.replace(load_job(PS), topology=Topology(mode="soft", tier=tier))  # type: ignore[arg-type]
-    assert job(spec, view)["spec"]["networkTopology"] == {
-        "mode": "soft",
-        "highestTierAllowed": hypernode_tier,
+    """`highestTierAllowed` counts HyperNode tiers, which the platform publishes per team
+    (`topologyTiers`). prod: Volcano discovers them from EKS's labels, zone, then network
+    layers 1 to 3 (tier 1 the nearest, builders/topology.py), so `zone` is tier 4; onprem: the
+    platform's own, a pool (tier 1) in a zone (tier 2, builders/scheduling.hypernodes)."""
+    plan = example_plans[stack]
+    team = next(k for k in plan.outputs if k.startswith("team/")).removeprefix("team/")
+    assert PlatformView(plan.outputs).scheduling(team)["topologyTiers"][tier] == hypernode_tier
+    if stack == "prod":
+        spec = dataclasses.replace(load_job(PS), topology=Topology(mode="soft", tier=tier))  # type: ignore[arg-type]
+        assert job(spec, PlatformView(plan.outputs))["spec"]["networkTopology"] == {
+            "mode": "soft",
+            "highestTierAllowed": hypernode_tier,
+        }
+    hypernodes = [r for r in plan.resources if r.type.endswith(":HyperNode")]
+    release = next(r for r in plan.resources if r.inputs.get("chart") == "volcano")
+    discovery = release.inputs["values"]["custom"].get("controller_config_override")
+    if stack == "onprem":
+        tiers = {r.inputs["spec"]["tierName"]: r.inputs["spec"]["tier"] for r in hypernodes}
+        assert tiers[tier] == hypernode_tier
+        assert discovery is None
+    else:
+        # no HyperNode of the platform's own beside the discovered ones: one tree
+        assert hypernodes == []
+        [source] = discovery["networkTopologyDiscovery"]
+        [labels] = source["config"]["networkTopologyTypes"].values()
+        # Volcano numbers tiers from the label above kubernetes.io/hostname (label.go parseCfg)
+        keys = [entry["nodeLabel"] for entry in labels][:-1]
+        wanted = "topology.kubernetes.io/zone" if tier == "zone" else keys[-1]
+        assert len(keys) - keys.index(wanted) == hypernode_tier
+
+
+def test_a_platform_that_publishes_no_tiers_gets_the_pool_and_zone_tiers(
+    example_plans: dict[str, Plan],
+) -> None:
+    """A platform stack from before `topologyTiers` made pool and zone HyperNodes only."""
+    outputs = dict(example_plans["prod"].outputs)
+    slice_ = json.loads(outputs["team/vision"])  # a JSON string (trainstack/outputs.py)
+    del slice_["scheduling"]["topologyTiers"]
+    outputs["team/vision"] = json.dumps(slice_)
+    spec = dataclasses.replace(load_job(PS), topology=Topology(mode="hard", tier="zone"))
+    assert job(spec, PlatformView(outputs))["spec"]["networkTopology"] == {
+        "mode": "hard",
+        "highestTierAllowed": 2,
     }
-    tiers = {
-        r.inputs["spec"]["tierName"]: r.inputs["spec"]["tier"]
-        for r in example_plans["prod"].resources
-        if r.type.endswith(":HyperNode")
-    }
-    assert tiers[tier] == hypernode_tier
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from trainstack.builders import autoscaler, logs, monitoring, pools, scheduling
+from trainstack.builders import autoscaler, logs, monitoring, pools, scheduling, topology
 from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig
 
 CRD_API = "apiextensions.k8s.io/v1"
@@ -267,6 +267,10 @@ def probes(cfg: PlatformConfig, key: str) -> list[Probe]:
         )
     if key == "volcano":
         result.append(_volcano_conf_probe(cfg, namespace, release))
+        if topology.discovers(cfg):
+            name = topology.controller_configmap_name(release)
+            problem = topology.controller_conf_problem(cfg, namespace, name)
+            result.append(Probe("v1", "ConfigMap", name, namespace, problem))
     return result
 
 

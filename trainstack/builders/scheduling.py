@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from trainstack.builders import labels
+from trainstack.builders import labels, topology
 from trainstack.builders.fabric import GPU_RESOURCE, HUGEPAGES_RESOURCE
 from trainstack.builders.pools import (
     PLACEMENT_GROUP,
@@ -353,7 +353,8 @@ def priority_classes(cfg: PlatformConfig) -> list[dict[str, Any]]:
 
 
 def topology_enabled(cfg: PlatformConfig) -> bool:
-    return cfg.scheduling.topology_aware and bool(hypernodes(cfg))
+    """HyperNodes the platform writes, or Volcano discovers (builders/topology.py)."""
+    return topology.discovers(cfg) or (cfg.scheduling.topology_aware and bool(hypernodes(cfg)))
 
 
 def scheduler_config(cfg: PlatformConfig) -> dict[str, Any]:
@@ -449,12 +450,20 @@ def volcano_values(cfg: PlatformConfig) -> dict[str, Any]:
             "default_ns": {labels.ROLE: "system"} if cfg.cloud == "aws" else None,
             "leader_elect_enable": True,
             "scheduler_replicas": 2 if cfg.environment == "production" else 1,
+            **(
+                {"controller_config_override": conf}
+                if (conf := topology.controller_config(cfg))
+                else {}
+            ),
         }
     }
 
 
 def hypernodes(cfg: PlatformConfig) -> list[dict[str, Any]]:
-    """Tier 1: one per pool (a placement group or the pool's nodes); tier 2: per zone."""
+    """Tier 1: one per pool (a placement group or the pool's nodes); tier 2: per zone. None
+    when Volcano discovers the topology from node labels: one tree (builders/topology.py)."""
+    if topology.discovers(cfg):
+        return []
     result: list[dict[str, Any]] = []
     zones: dict[str, list[str]] = {}
     for pool in cfg.gpu_pools:
@@ -534,4 +543,6 @@ def team_scheduling(cfg: PlatformConfig, team: Team) -> dict[str, Any]:
             "capability": team.quota.capability_gpus,
         },
         "quota": team_quotas(cfg, team),
+        # What a job spec's `topology.tier` names, in HyperNode tiers (jobs/render.py).
+        "topologyTiers": topology.tiers(cfg),
     }

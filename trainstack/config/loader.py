@@ -25,6 +25,7 @@ from trainstack.config.monitoring import build_monitoring, monitoring_checks
 from trainstack.config.pools import build_pools, network_zones, pool_checks
 from trainstack.config.schema import apply_defaults, load_schema, schema_issues
 from trainstack.config.storage import build_storage, storage_checks
+from trainstack.config.topology import build_topology, topology_checks
 
 PLATFORM_KEY = "trainstack:platform"
 TEAM_KEY = "trainstack:team"
@@ -181,6 +182,7 @@ def _platform_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     issues.extend(storage_checks(doc, root, network_zones(doc)))
     issues.extend(monitoring_checks(doc, root))
     issues.extend(health_checks(doc, root))
+    issues.extend(topology_checks(doc, root))
     issues.extend(addon_checks(doc, root))
     return issues
 
@@ -314,6 +316,7 @@ def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
                 interval_seconds=scheduling["deadlines"]["intervalSeconds"],
                 margin_seconds=scheduling["deadlines"]["marginSeconds"],
             ),
+            topology=build_topology(doc),
         ),
         policy=m.PolicySettings(
             allowed_registries=tuple(doc["policy"]["allowedRegistries"]),

@@ -27,6 +27,7 @@ RESERVED_NAMESPACES = frozenset(
 
 PriorityName = Literal["critical", "high", "normal", "preemptible"]
 QueueMode = Literal["hierarchical", "flat"]
+TopologySource = Literal["labels", "pools"]
 
 
 @dataclass(frozen=True)
@@ -357,11 +358,23 @@ class Deadlines:
 
 
 @dataclass(frozen=True)
+class Topology:
+    """Where Volcano's HyperNodes come from (docs/scheduling.md, "Topology"): `labels`, the
+    nodes' own network labels, top tier first, turned into HyperNodes by Volcano's controller;
+    or `pools`, HyperNodes the platform writes per pool and zone. The loader fills both from
+    the cloud and the pools (config/topology.py); this default is for configs built in code."""
+
+    source: TopologySource = "pools"
+    labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Scheduling:
     queue_mode: QueueMode = "hierarchical"
     preemption: bool = True
     topology_aware: bool = True
     deadlines: Deadlines = Deadlines()
+    topology: Topology = Topology()
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,9 @@ CPU_ROLES = (PS, RENDEZVOUS)
 API_VERSION = "batch.volcano.sh/v1alpha1"
 CONTAINER = "trainer"
 PYTORCH_PORT = 23456
-TIERS = {"pool": 1, "zone": 2}  # HyperNode tiers (builders/scheduling.hypernodes)
+# HyperNode tiers of a job's `topology.tier`: the platform publishes its own in each team's
+# slice (`topologyTiers`, builders/topology.tiers); these are a platform's from before it did.
+TIERS = {"pool": 1, "zone": 2}
 
 
 def job_labels(spec: JobSpec) -> dict[str, str]:
@@ -521,8 +523,9 @@ def job_spec(spec: JobSpec, view: PlatformView, stack_team: str | None = None) -
         # store never stop (jobs/elastic.py, completion).
         result["minSuccess"] = scale.min
     if spec.topology is not None:
+        tiers = view.scheduling(spec.team).get("topologyTiers") or TIERS
         result["networkTopology"] = {
             "mode": spec.topology.mode,
-            "highestTierAllowed": TIERS[spec.topology.tier],
+            "highestTierAllowed": tiers[spec.topology.tier],
         }
     return result

@@ -29,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from trainstack.builders import topology
+from trainstack.builders.scheduling import VOLCANO_NAMESPACE
 from trainstack.kube import ApiError, Kube, wait_for
 from trainstack.sandbox import pki
 
@@ -55,12 +57,14 @@ class Process:
     # returns, they keep serving): a session of their own, so the terminal's Ctrl-C is not
     # theirs, and `sandbox down` stops them by the PIDs in its state file.
     detach: bool = False
+    env: Mapping[str, str] = field(default_factory=dict)  # set beside the inherited ones
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         # Volcano's components open a debug socket in $DEBUG_SOCKET_DIR, /tmp/klog-socks by
         # default (pkg/util/socket.go): keep it inside the session's directory.
         env = dict(os.environ, DEBUG_SOCKET_DIR=str(self.log.parent.parent / "sockets"))
+        env.update(self.env)
         with self.log.open("ab") as out:
             out.write(f"$ {shlex.join(self.argv)}\n".encode())
             out.flush()
@@ -117,6 +121,7 @@ class ControlPlane:
         self.pki_dir = self.workdir / "pki"
         self.ports: dict[str, int] = {}
         self.scheduler_conf = self.workdir / "volcano-scheduler.conf"
+        self.scheduler_metrics = ""  # set when the scheduler starts
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -145,8 +150,8 @@ class ControlPlane:
         for process in reversed(list(self.processes.values())):
             process.stop()
 
-    def _run(self, name: str, argv: list[str]) -> Process:
-        process = Process(name, argv, self.logs / f"{name}.log", detach=self.detach)
+    def _run(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> Process:
+        process = Process(name, argv, self.logs / f"{name}.log", detach=self.detach, env=env or {})
         process.start()
         self.processes[name] = process
         return process
@@ -414,6 +419,14 @@ class ControlPlane:
                 "--logtostderr",
                 "-v=2",
             ],
+            # As the chart sets them (templates/controllers.yaml): the HyperNode controller
+            # reads its network topology discovery from ConfigMap
+            # `$HELM_RELEASE_NAME-controller-configmap` in `$KUBE_POD_NAMESPACE`, which
+            # stacks.deploy_platform writes from the stack's chart values.
+            env={
+                "KUBE_POD_NAMESPACE": VOLCANO_NAMESPACE,
+                "HELM_RELEASE_NAME": topology.VOLCANO_RELEASE,
+            },
         )
         self._healthy("vc-controller-manager", health)
 
@@ -445,7 +458,10 @@ class ControlPlane:
         if "vc-scheduler" in self.processes:
             self.processes.pop("vc-scheduler").stop()
         self.scheduler_conf.write_text(yaml.safe_dump(dict(conf), sort_keys=False))
-        health = free_port()
+        health, metrics = free_port(), free_port()
+        # Its Prometheus metrics (plain HTTP, /metrics): the scheduling benchmark reads the
+        # session latency histogram there.
+        self.scheduler_metrics = f"http://127.0.0.1:{metrics}/metrics"
         self._run(
             "vc-scheduler",
             [
@@ -458,7 +474,7 @@ class ControlPlane:
                 "--leader-elect=false",
                 "--enable-healthz=true",
                 f"--healthz-address=127.0.0.1:{health}",
-                f"--listen-address=127.0.0.1:{free_port()}",
+                f"--listen-address=127.0.0.1:{metrics}",
                 "--kube-api-qps=2000",
                 "--kube-api-burst=2000",
                 "--logtostderr",

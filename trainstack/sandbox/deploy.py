@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainstack.builders import labels
+from trainstack.builders import labels, topology
 from trainstack.config.model import PlatformConfig
 from trainstack.kube import ApiError, Kube, holds_everything, wait_for
 from trainstack.preview.plan import Plan, Resource
@@ -32,6 +32,7 @@ UNSERVED = {
 }
 MANAGED = f"{labels.MANAGED_BY}={labels.MANAGER}"
 SIMULATED = "e2e.trainstack.io/simulated=true"  # what the fixture stands in for (nodes.py)
+DISCOVERED = topology.SOURCE_LABEL  # HyperNodes a Volcano discovery source made
 KEEP_QUEUES = frozenset({"root", "default"})
 
 
@@ -205,6 +206,10 @@ def reset(kube: Kube) -> None:
         for selector in (MANAGED, SIMULATED):
             for obj in kube.list(api_version, kind, labels=selector):
                 kube.delete(api_version, kind, obj["metadata"]["name"])
+    # HyperNodes Volcano's controller made from the nodes' labels (builders/topology.py): its
+    # discovery stops with the stack's ConfigMap and would leave them behind.
+    for obj in kube.list("topology.volcano.sh/v1alpha1", "HyperNode", labels=DISCOVERED):
+        kube.delete("topology.volcano.sh/v1alpha1", "HyperNode", obj["metadata"]["name"])
     for node in kube.list("v1", "Node"):
         kube.delete("v1", "Node", node["metadata"]["name"])
     wait_for(

@@ -7,6 +7,7 @@ nodes it would really land on. kwok (trainstack/sandbox/kwok-stages.yaml) then k
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
@@ -20,6 +21,7 @@ from trainstack.builders.pools import (
     node_labels,
 )
 from trainstack.config.model import GpuPool, NewVpc, PlatformConfig
+from trainstack.config.topology import EC2_TOPOLOGY_LAYERS, EKS_LAYER_LABELS
 from trainstack.sandbox.cluster import KWOK_ANNOTATION
 
 MAX_PODS = 110  # the kubelet's default; nodeadm derives it per instance type (ENI limits)
@@ -76,11 +78,28 @@ def _aws_node(cfg: PlatformConfig, pool: GpuPool, index: int) -> dict[str, Any]:
             **node_labels(cfg, pool),
             "node.kubernetes.io/instance-type": instance.name,
             "topology.kubernetes.io/zone": zone,
+            **network_labels(instance.name, zone, pool.name),
         },
         [GPU_TAINT],
         capacity,
         allocatable,
     )
+
+
+def network_labels(instance_type: str, zone: str, pool: str) -> dict[str, str]:
+    """The network topology labels EKS puts on a node of `instance_type`, one per layer its
+    type has (config/topology.py), none for a type without an EC2 topology. Simulated: one
+    network node per layer and zone, and the bottom one per pool and zone, so a pool's nodes in
+    a zone share their nearest network node, as its placement group or Capacity Block would
+    keep them at best; tests/e2e/test_topology.py lays out a wider fabric. Values look like
+    EC2's (`nn-` and 17 hex digits)."""
+    layers = EC2_TOPOLOGY_LAYERS.get(instance_type, 0)
+    result = {}
+    for layer in range(1, layers + 1):
+        scope = f"{zone}/{pool}" if layer == layers else zone
+        digest = hashlib.sha256(f"layer-{layer}/{scope}".encode()).hexdigest()[:17]
+        result[EKS_LAYER_LABELS[layer - 1]] = f"nn-{digest}"
+    return result
 
 
 def _zones(cfg: PlatformConfig) -> list[str]:

@@ -2,8 +2,9 @@
 
 What the e2e fixtures (`prod`, `dev` in tests/e2e/conftest.py) and `trainstack sandbox up` both
 do, so that the sandbox a person tries is the platform the scenarios test: the platform's plan
-applied in the engine's order (`deploy.converge`), its pools' nodes simulated, Volcano's
-scheduler restarted with the stack's generated configuration, and the queues open.
+applied in the engine's order (`deploy.converge`), Volcano's controller ConfigMap written as the
+chart renders it from the stack's values, its pools' nodes simulated, Volcano's scheduler
+restarted with the stack's generated configuration, and the queues open.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainstack.builders.scheduling import scheduler_config
+from trainstack.builders import topology
+from trainstack.builders.scheduling import VOLCANO_CHART, scheduler_config
 from trainstack.builders.teams import team_group
 from trainstack.config.model import PlatformConfig, TeamStackConfig
 from trainstack.kube import Identity, Kube, wait_for
@@ -51,6 +53,9 @@ def deploy_platform(plane: ControlPlane, previewer: Previewer, stack: str) -> De
     outcome = deploy.converge(plane.kube, plan)
     if outcome.errors:
         raise RuntimeError(f"{stack}: objects never accepted: {outcome.errors}")
+    configmap = volcano_controller_configmap(plan)
+    if configmap is not None:
+        plane.kube.apply(configmap)
     deploy.simulate_nodes(plane.kube, cfg, plan)
     plane.restart_scheduler(scheduler_config(cfg))
 
@@ -61,6 +66,34 @@ def deploy_platform(plane: ControlPlane, previewer: Previewer, stack: str) -> De
     wait_for(f"{stack}'s queues Open", queues_open, timeout=60)
     plane.check()
     return Deployed(stack, cfg, plan, outcome, plane)
+
+
+def volcano_controller_configmap(plan: Plan) -> dict[str, Any] | None:
+    """What Volcano's chart renders as its controller ConfigMap from the plan's values
+    (templates/controllers.yaml: `<release>-controller-configmap` in the release's namespace,
+    key volcano-controller.conf, `toYaml` of custom.controller_config_override). Helm releases
+    are not applied here (deploy.py); Volcano's controller reads this one at start and on every
+    change (builders/topology.py). None when the plan installs no Volcano (pre-installed)."""
+    for resource in plan.resources:
+        inputs = resource.inputs
+        if (
+            resource.type == "kubernetes:helm.sh/v3:Release"
+            and inputs.get("chart") == VOLCANO_CHART["chart"]
+        ):
+            override = (
+                (inputs.get("values") or {}).get("custom", {}).get("controller_config_override")
+            )
+            release = str(inputs["name"])
+            return {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": topology.controller_configmap_name(release),
+                    "namespace": inputs["namespace"],
+                },
+                "data": {topology.CONTROLLER_CONF_KEY: topology.controller_conf(override)},
+            }
+    return None
 
 
 def team_stacks(previewer: Previewer, platform: str) -> list[str]:
