@@ -13,7 +13,6 @@ import pytest
 from tests.conftest import ROOT
 from trainstack.bench import preview as bench
 from trainstack.bench.org import OrgSize, generate
-from trainstack.bench.targets import report
 from trainstack.outputs import team_slices
 from trainstack.preview.engine import Previewer, Project
 from trainstack.preview.plan import Plan
@@ -72,63 +71,3 @@ def test_bench_prints_one_json_line_last(capsys: pytest.CaptureFixture[str]) -> 
         assert key in summary
     assert summary["teams"] == 2
     assert summary["resources_2x"] > summary["resources"]
-
-
-@pytest.mark.parametrize(
-    ("generated", "result"),
-    [
-        ({"drained": True, "jobs_finished": 250, "gpu_allocation": 0.45, "partial_gangs": 0},
-         "result: pass (all 4 targets met)"),
-        ({"drained": True, "jobs_finished": 250, "gpu_allocation": 0.45, "partial_gangs": 7},
-         "result: FAIL (1 of 4 missed: generated: partial_gangs == 0)"),
-    ],
-)  # fmt: skip
-def test_scheduling_bench_prints_its_targets_and_a_verdict(
-    generated: dict[str, object], result: str
-) -> None:
-    from tests.e2e.bench_scheduling import targets  # noqa: PLC0415 (the e2e package's imports)
-
-    default = {"drained": False, "jobs_finished": 142, "gpu_allocation": 0.031, "partial_gangs": 0}
-    lines = report(targets({"generated": generated, "default": default}, 250))
-    assert lines[0] == "targets:"
-    assert "  ok     generated: gpu_allocation >= default's (measured 0.45 vs 0.031)" in lines
-    assert lines[-1] == result
-
-
-def test_the_scheduling_bench_compares_the_preempt_search_it_replaces() -> None:
-    """issue 39 #3: the third configuration is the generated one with only the preempt
-    action's candidate search put back to Volcano's default."""
-    from tests.e2e.bench_scheduling import sampled_preempt  # noqa: PLC0415
-    from trainstack.builders.scheduling import scheduler_config  # noqa: PLC0415
-    from trainstack.config import PlatformConfig, load_stack_file  # noqa: PLC0415
-
-    cfg = load_stack_file(ROOT / "stacks" / "Pulumi.prod.yaml")
-    assert isinstance(cfg, PlatformConfig)
-    generated = scheduler_config(cfg)
-    sampled = sampled_preempt(generated)
-    assert sampled["configurations"] == [
-        {"name": "preempt", "arguments": {"enableTopologyAwarePreemption": True}}
-    ]
-    assert generated["configurations"][0]["arguments"]["minCandidateNodesPercentage"] == 100
-    assert {k: v for k, v in sampled.items() if k != "configurations"} == {
-        k: v for k, v in generated.items() if k != "configurations"
-    }
-
-
-def test_the_scheduling_bench_submits_jobs_its_platform_admits(tmp_path: Path) -> None:
-    """The bench's organisation is a production platform, whose admission refuses images
-    pinned by a tag: its jobs, pinned by `:2025Q1`, were refused at submission (403 from the
-    `trainstack-rule-pinned-images` ValidatingAdmissionPolicy) and `make bench-scheduling`
-    failed before measuring anything, unseen by `make test`. The jobs it submits pass every
-    mandatory rule of the platform's policy pack, as the admission policies' CEL agrees
-    with (tests/policy/test_agreement.py)."""
-    from tests.e2e.bench_scheduling import organisation, workload  # noqa: PLC0415
-    from trainstack.policy.objects import VOLCANO_JOB  # noqa: PLC0415
-    from trainstack.policy.pack import evaluate  # noqa: PLC0415
-    from trainstack.policy.settings import levels, pack_config  # noqa: PLC0415
-
-    cfg, previewer = organisation(tmp_path)
-    jobs = workload(cfg, previewer.preview("org").outputs)
-    resources = [(VOLCANO_JOB, job["metadata"]["name"], job) for job in jobs[:10]]
-    violations = evaluate(resources, pack_config(cfg), levels(cfg))
-    assert [v for v in violations if v.level == "mandatory"] == []

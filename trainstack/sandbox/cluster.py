@@ -475,6 +475,9 @@ class ControlPlane:
                 "--enable-healthz=true",
                 f"--healthz-address=127.0.0.1:{health}",
                 f"--listen-address=127.0.0.1:{metrics}",
+                # /metrics is served only with this (v1.15.1 cmd/scheduler/app/server.go
+                # startMetricsServer); the listen address alone serves nothing.
+                "--enable-metrics=true",
                 "--kube-api-qps=2000",
                 "--kube-api-burst=2000",
                 "--logtostderr",
