@@ -202,7 +202,9 @@ e2e-tools: setup
 e2e: e2e-tools
 	$(BIN)/python -m tests.e2e.run $(E2E_FLAGS) -q
 
-# Volcano with the generated configuration vs. its default, on a simulated organisation.
-## Volcano with the generated configuration vs its default
+# Volcano with the generated configuration vs. its default, on a simulated organisation, each
+# against an offline oracle. BENCH_FLAGS: --quick (32 nodes, about 4 minutes), --nodes, --jobs,
+# --duration-scale, --configurations (tests/e2e/bench_scheduling.py --help).
+## Volcano, generated configuration vs its default, against an oracle (1,000 nodes)
 bench-scheduling: e2e-tools
-	$(BIN)/python -m tests.e2e.bench_scheduling
+	$(BIN)/python -m tests.e2e.bench_scheduling $(BENCH_FLAGS)

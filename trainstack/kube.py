@@ -263,16 +263,25 @@ class Kube:
         kind: str,
         *,
         resource_version: str = "",
+        labels: str | None = None,
         seconds: int = 3600,
     ) -> Iterator[dict[str, Any]]:
         """The watch events (`{"type": ..., "object": ...}`) of every `kind` object, one JSON
         line each as the API server streams them (watch=1; a resourceVersion of "" starts with
         an ADDED event per existing object), until the server ends the watch after `seconds`.
         Events cost the server nothing more per object; a list per second of thousands of pods
-        does (the scheduling benchmark's sampling)."""
+        does (the scheduling benchmark's sampling).
+
+        The generator also ends when the server drops the watch: kube-apiserver closes a
+        watcher that does not take its events fast enough ("Forcing watcher close due to
+        unresponsiveness", storage/cacher/cache_watcher.go), and a busy machine makes any
+        client one. A caller that must see every change lists again and watches on from the
+        list's resourceVersion, as client-go's reflector does."""
         params = {"watch": "1", "timeoutSeconds": str(seconds), "allowWatchBookmarks": "false"}
         if resource_version:
             params["resourceVersion"] = resource_version
+        if labels:
+            params["labelSelector"] = labels
         headers = HTTPHeaderDict({"Accept": "application/json"})
         if self._token is not None:
             headers["Authorization"] = f"Bearer {self._token()}"

@@ -189,17 +189,33 @@ def run_once(
     lock = threading.Lock()
     failures: list[BaseException] = []
     watcher = Kube.from_kubeconfig(plane.kubeconfig())
-    version = kube.request("GET", "/api/v1/pods", params={"limit": "1"})["metadata"][
+    stop = threading.Event()
+    selector = {"labelSelector": bench.JOB_LABEL}
+    version = kube.request("GET", "/api/v1/pods", params={**selector, "limit": "1"})["metadata"][
         "resourceVersion"
     ]
 
     def follow() -> None:
+        """Every change of a job's pod, into the tracker. The API server drops a watcher
+        that falls behind (on two busy cores it drops the scheduler's and kwok's too, whose
+        informers list again): then list, resync, and watch on from the list."""
+        nonlocal version
         try:
-            for event in watcher.watch(
-                "v1", "Pod", resource_version=version, seconds=int(limit_s) + 600
-            ):
+            while not stop.is_set():
+                for event in watcher.watch(
+                    "v1", "Pod", resource_version=version, labels=bench.JOB_LABEL
+                ):
+                    if event.get("type") == "ERROR":  # e.g. 410 Gone: too old to resume
+                        break
+                    version = event["object"]["metadata"].get("resourceVersion", version)
+                    with lock:
+                        tracker.event(time.monotonic(), event)
+                if stop.is_set():
+                    break
+                listing = watcher.request("GET", "/api/v1/pods", params=selector, timeout=120)
+                version = listing["metadata"]["resourceVersion"]
                 with lock:
-                    tracker.event(time.monotonic(), event)
+                    tracker.resync(time.monotonic(), listing["items"])
         except BaseException as error:  # reported by the run, not lost in a thread
             failures.append(error)
 
@@ -220,6 +236,7 @@ def run_once(
             raise RuntimeError(f"the pod watch ended: {failures[0]!r}")
         time.sleep(0.5)
     now = time.monotonic()
+    stop.set()
     plane.check()
     with lock:
         result = tracker.result(now, start)

@@ -187,6 +187,7 @@ class _Job:
     reasons: set[str] = field(default_factory=set)
     longest_partial: float = 0.0
     partial_reasons: set[str] = field(default_factory=set)
+    evicted: bool = False  # a bound, running member deleted: a preempt or reclaim victim
 
 
 def partial_reason(pods: Sequence[_Pod], replicas: int) -> str | None:
@@ -221,35 +222,61 @@ class Tracker:
         self.jobs: dict[str, _Job] = {}
         self.pods: dict[str, dict[str, _Pod]] = {}  # job -> pod -> state
         self.samples: list[tuple[float, int, int, float]] = []  # time, allocated, waiting, frag
+        self.resyncs = 0  # lists after a dropped watch
 
     def submitted(self, name: str, at: float) -> None:
         self.jobs[name] = _Job(self.burst[name].replicas, at)
 
     def event(self, at: float, event: Mapping[str, Any]) -> None:
+        if event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
+            return  # BOOKMARK, or ERROR (the watch ends after it and the caller resyncs)
         pod = event["object"]
         meta = pod.get("metadata", {})
         job = meta.get("labels", {}).get(JOB_LABEL)
         if job not in self.jobs:
             return
-        key = f"{meta.get('namespace')}/{meta['name']}"
+        key = self._key(pod)
         pods = self.pods.setdefault(job, {})
         if event["type"] == "DELETED":
             pods.pop(key, None)
         else:
-            pods[key] = _Pod(
-                job,
-                pod["spec"].get("nodeName", ""),
-                pod.get("status", {}).get("phase", ""),
-                bool(meta.get("deletionTimestamp")),
-                self.burst[job].gpus,
-            )
+            pods[key] = self._pod(job, pod)
         self._update(job, at)
+
+    def resync(self, at: float, pods: Sequence[Mapping[str, Any]]) -> None:
+        """Every job pod as a fresh list shows it, after the watch was dropped: what changed
+        meanwhile is dated `at` (late by the gap; `resyncs` counts them), pods gone are
+        forgotten."""
+        self.resyncs += 1
+        seen: dict[str, dict[str, _Pod]] = {name: {} for name in self.jobs}
+        for pod in pods:
+            job = pod.get("metadata", {}).get("labels", {}).get(JOB_LABEL)
+            if job in seen:
+                seen[job][self._key(pod)] = self._pod(job, pod)
+        for name, now in seen.items():
+            self.pods[name] = now
+            self._update(name, at)
+
+    @staticmethod
+    def _key(pod: Mapping[str, Any]) -> str:
+        return f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}"
+
+    def _pod(self, job: str, pod: Mapping[str, Any]) -> _Pod:
+        return _Pod(
+            job,
+            pod["spec"].get("nodeName", ""),
+            pod.get("status", {}).get("phase", ""),
+            bool(pod["metadata"].get("deletionTimestamp")),
+            self.burst[job].gpus,
+        )
 
     def _update(self, name: str, at: float) -> None:
         job = self.jobs[name]
         pods = list(self.pods.get(name, {}).values())
         alive = [p for p in pods if p.phase not in ("Succeeded", "Failed")]
         bound = [p for p in alive if p.node and not p.deleting]
+        if any(p.node and p.deleting for p in alive):
+            job.evicted = True
         if job.started is None and len(bound) == job.replicas:
             job.started = at
         if job.finished is None and sum(p.phase == "Succeeded" for p in pods) == job.replicas:
@@ -305,6 +332,7 @@ class Tracker:
             else 0.0,
             "jobs_started": len(starts),
             "jobs_finished": len(finished),
+            "jobs_evicted": sum(j.evicted for j in self.jobs.values()),
             "partial_gangs": held,
             "partial_gang_reasons": dict(sorted(reasons.items())),
             "longest_partial_s": round(
@@ -312,6 +340,7 @@ class Tracker:
             ),
             "drain_s": round((max(finished) if self.drained() else end) - start, 1),
             "drained": self.drained(),
+            "watch_resyncs": self.resyncs,
             **start_percentiles(starts, {n: j.priority for n, j in self.burst.items()}),
             "fragmentation": round(sum(s[3] for s in waiting) / len(waiting), 3)
             if waiting
@@ -376,8 +405,42 @@ def cycle_time(before: str, after: str) -> dict[str, Any]:
         if cumulative - earlier.get(bound, 0.0) >= 0.95 * count:
             p95 = bound
             break
+    finite = [bound for bound, _ in a_buckets if bound != float("inf")]
     return {
         "cycles": int(count),
         "cycle_ms_mean": round((a_sum - b_sum) / count, 1),
-        "cycle_ms_p95": None if p95 is None or p95 == float("inf") else round(p95, 1),
+        # Above the histogram's largest bound (5,000 ms at v1.15.1): only that is known.
+        "cycle_ms_p95": f">{max(finite):g}"
+        if p95 == float("inf") and finite
+        else (None if p95 is None else round(p95, 1)),
+        "phase_ms_mean": phase_means(before, after),
     }
+
+
+# Where a session's time goes (v1.15.1 pkg/scheduler/metrics/metrics.go): opening it (the
+# cache snapshot and the plugins' OnSessionOpen) and each action.
+OPEN_METRIC = "volcano_open_session_duration_milliseconds"
+ACTION_METRIC = "volcano_action_scheduling_latency_milliseconds"
+
+
+def _sums(text: str, metric: str) -> dict[str, tuple[float, float]]:
+    """Each series' sum and count of a histogram, by its `action` label ("" without)."""
+    found: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for part, slot in (("_sum", 0), ("_count", 1)):
+            if line.startswith(metric + part) and line[len(metric + part)] in "{ ":
+                label = line.split('action="', 1)[1].split('"', 1)[0] if "action=" in line else ""
+                found.setdefault(label, [0.0, 0.0])[slot] = float(line.rsplit(" ", 1)[1])
+    return {label: (v[0], v[1]) for label, v in found.items()}
+
+
+def phase_means(before: str, after: str) -> dict[str, float]:
+    """Mean milliseconds per session of opening it and of each action, between two scrapes."""
+    means = {}
+    for name, metric in (("open", OPEN_METRIC), ("action", ACTION_METRIC)):
+        earlier = _sums(before, metric)
+        for label, (total, count) in sorted(_sums(after, metric).items()):
+            b_total, b_count = earlier.get(label, (0.0, 0.0))
+            if count > b_count:
+                means[label or name] = round((total - b_total) / (count - b_count), 1)
+    return means
