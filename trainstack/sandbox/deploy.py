@@ -177,6 +177,54 @@ def converge(kube: Kube, plan: Plan, *, rounds: int = 6, dry_run_first: bool = F
 # -- reset ------------------------------------------------------------------------------------
 
 
+def duplicate_members(hypernodes: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Members (nodes or HyperNodes, by exact name) that more than one HyperNode lists."""
+    owners: dict[str, list[str]] = {}
+    for hypernode in hypernodes:
+        for member in hypernode.get("spec", {}).get("members", []):
+            name = member.get("selector", {}).get("exactMatch", {}).get("name")
+            if name:
+                key = f"{member.get('type', '')}/{name}"
+                owners.setdefault(key, []).append(hypernode["metadata"]["name"])
+    return {key: names for key, names in owners.items() if len(names) > 1}
+
+
+def settle_discovered_topology(kube: Kube, nearest: str, timeout: float = 90) -> None:
+    """Wait until the HyperNodes Volcano's label discovery made form a tree.
+
+    Volcano v1.15.1's controller can leave two HyperNodes for one label value: each node
+    event re-runs the whole discovery, which names a HyperNode afresh unless its informer
+    already holds the one made for that value (discovery/label/label.go buildHyperNodeName)
+    and deletes only those its informer lists (hypernode_controller.go reconcileTopology), so
+    two runs within the informer's lag can each create one. The scheduler then refuses the
+    tree ("already has a parent ... cannot set another parent", cache.go) and skips every job
+    with a topology (HyperNodesReadyToSchedule: false) until a later event re-runs discovery.
+    Seen in `make e2e` after many nodes were created at once. Here: delete the discovered
+    HyperNodes (a deletion re-runs discovery, label.go DeleteHyperNode) until none is
+    duplicated. Nothing to wait for when no node carries `nearest`, the label nearest the
+    nodes (Volcano then makes no HyperNode)."""
+    if not kube.list("v1", "Node", labels=nearest):
+        return
+    deadline = time.monotonic() + timeout
+    before: set[str] | None = None
+    while True:
+        found = kube.list("topology.volcano.sh/v1alpha1", "HyperNode", labels=DISCOVERED)
+        duplicates = duplicate_members(found)
+        names = {obj["metadata"]["name"] for obj in found}
+        if found and not duplicates and names == before:  # the same tree twice in a row
+            return
+        before = None if duplicates else names
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"Volcano's discovered HyperNodes never settled: {len(found)} found, "
+                f"members in several: {duplicates}"
+            )
+        if duplicates:
+            for obj in found:
+                kube.delete("topology.volcano.sh/v1alpha1", "HyperNode", obj["metadata"]["name"])
+        time.sleep(3)
+
+
 def reset(kube: Kube) -> None:
     """Remove everything a stack or a test created, leaving the control plane as started."""
     for job in kube.list("batch.volcano.sh/v1alpha1", "Job"):

@@ -57,6 +57,8 @@ def deploy_platform(plane: ControlPlane, previewer: Previewer, stack: str) -> De
     if configmap is not None:
         plane.kube.apply(configmap)
     deploy.simulate_nodes(plane.kube, cfg, plan)
+    if topology.discovers(cfg):
+        deploy.settle_discovered_topology(plane.kube, cfg.scheduling.topology.labels[-1])
     plane.restart_scheduler(scheduler_config(cfg))
 
     def queues_open() -> bool:
