@@ -177,6 +177,15 @@ def converge(kube: Kube, plan: Plan, *, rounds: int = 6, dry_run_first: bool = F
 # -- reset ------------------------------------------------------------------------------------
 
 
+HYPERNODE = ("topology.volcano.sh/v1alpha1", "HyperNode")
+
+
+def _delete_all(kube: Kube, kind: tuple[str, str], objects: list[dict[str, Any]]) -> None:
+    """Delete cluster-scoped `objects` of `kind` by name."""
+    for obj in objects:
+        kube.delete(*kind, obj["metadata"]["name"])
+
+
 def duplicate_members(hypernodes: list[dict[str, Any]]) -> dict[str, list[str]]:
     """Members (nodes or HyperNodes, by exact name) that more than one HyperNode lists."""
     owners: dict[str, list[str]] = {}
@@ -208,7 +217,7 @@ def settle_discovered_topology(kube: Kube, nearest: str, timeout: float = 90) ->
     deadline = time.monotonic() + timeout
     before: set[str] | None = None
     while True:
-        found = kube.list("topology.volcano.sh/v1alpha1", "HyperNode", labels=DISCOVERED)
+        found = kube.list(*HYPERNODE, labels=DISCOVERED)
         duplicates = duplicate_members(found)
         names = {obj["metadata"]["name"] for obj in found}
         if found and not duplicates and names == before:  # the same tree twice in a row
@@ -220,8 +229,7 @@ def settle_discovered_topology(kube: Kube, nearest: str, timeout: float = 90) ->
                 f"members in several: {duplicates}"
             )
         if duplicates:
-            for obj in found:
-                kube.delete("topology.volcano.sh/v1alpha1", "HyperNode", obj["metadata"]["name"])
+            _delete_all(kube, HYPERNODE, found)
         time.sleep(3)
 
 
@@ -256,8 +264,7 @@ def reset(kube: Kube) -> None:
                 kube.delete(api_version, kind, obj["metadata"]["name"])
     # HyperNodes Volcano's controller made from the nodes' labels (builders/topology.py): its
     # discovery stops with the stack's ConfigMap and would leave them behind.
-    for obj in kube.list("topology.volcano.sh/v1alpha1", "HyperNode", labels=DISCOVERED):
-        kube.delete("topology.volcano.sh/v1alpha1", "HyperNode", obj["metadata"]["name"])
+    _delete_all(kube, HYPERNODE, kube.list(*HYPERNODE, labels=DISCOVERED))
     for node in kube.list("v1", "Node"):
         kube.delete("v1", "Node", node["metadata"]["name"])
     wait_for(
