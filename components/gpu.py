@@ -9,6 +9,7 @@ import pulumi
 import pulumi_aws as aws
 
 from trainstack.builders import autoscaler
+from trainstack.builders import device_plugins as dp
 from trainstack.builders import nodegroups as ng
 from trainstack.builders import pools as b
 from trainstack.builders.fabric import efa_network_interfaces
@@ -219,18 +220,20 @@ class GpuPlugins(pulumi.ComponentResource):
             parent=self, provider=args.k8s_provider, depends_on=args.depends_on
         )
         gpu_values = (
-            b.gpu_operator_values(cfg)
+            dp.gpu_operator_values(cfg)
             if cfg.gpu_device_plugin == "gpu-operator"
-            else b.nvidia_device_plugin_values(cfg)
+            else dp.nvidia_device_plugin_values(cfg)
         )
         self._release(name, cfg.gpu_device_plugin, gpu_values, child)
         if any(p.fabric == "efa" for p in cfg.gpu_pools):
-            self._release(name, "aws-efa-k8s-device-plugin", b.efa_device_plugin_values(cfg), child)
-        if b.network_operator_enabled(cfg):
-            operator = self._release(name, "network-operator", b.network_operator_values(), child)
+            self._release(
+                name, "aws-efa-k8s-device-plugin", dp.efa_device_plugin_values(cfg), child
+            )
+        if dp.network_operator_enabled(cfg):
+            operator = self._release(name, "network-operator", dp.network_operator_values(), child)
             apply_manifest(
                 f"{name}-nic-policy",
-                b.nic_cluster_policy(cfg),
+                dp.nic_cluster_policy(cfg),
                 pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[operator])),
             )
         self.register_outputs({})

@@ -57,7 +57,7 @@ def lines(result: Result) -> list[str]:
             [
                 "error: POOL: 1 config error:",
                 "  - h100-reservd: unknown pool (did you mean 'h100-reserved'?); the platform "
-                "has: h100-block, h100-reserved, h200-burst",
+                "has: h100-block, h100-reserved, h200-burst, h100-slices",
             ],
             id="unknown-pool",
         ),

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from trainstack.builders import pools
+from trainstack.builders import device_plugins, pools
 from trainstack.config import PlatformConfig, load_stack_file
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -71,10 +71,10 @@ def test_every_aws_gpu_node_refuses_the_variable_from_unprivileged_containers(st
 
 
 def test_the_device_plugin_hands_gpus_as_mounts_by_uuid() -> None:
-    values = pools.nvidia_device_plugin_values(platform("dev"))
+    values = device_plugins.nvidia_device_plugin_values(platform("dev"))
     assert values["deviceListStrategy"] == "volume-mounts"
     assert values["deviceIDStrategy"] == "uuid"
-    operator = pools.gpu_operator_values(platform("dev", gpu_device_plugin="gpu-operator"))
+    operator = device_plugins.gpu_operator_values(platform("dev", gpu_device_plugin="gpu-operator"))
     assert operator["devicePlugin"]["env"] == [
         {"name": "DEVICE_LIST_STRATEGY", "value": "volume-mounts"}
     ]
@@ -88,8 +88,8 @@ def test_envvar_leaves_node_and_plugin_as_upstream_ships_them() -> None:
     for pool in cfg.gpu_pools:
         user_data = pools.node_user_data(pool, cfg.storage.nvme_cache, isolate_gpus=False)
         assert "nvidia-ctk" not in user_data
-    assert "deviceListStrategy" not in pools.nvidia_device_plugin_values(cfg)
-    assert "devicePlugin" not in pools.gpu_operator_values(cfg)
+    assert "deviceListStrategy" not in device_plugins.nvidia_device_plugin_values(cfg)
+    assert "devicePlugin" not in device_plugins.gpu_operator_values(cfg)
 
 
 def test_existing_clusters_opt_in() -> None:
@@ -97,6 +97,8 @@ def test_existing_clusters_opt_in() -> None:
     unless the stack says the nodes are set (docs/security.md, Known gaps)."""
     cfg = platform("onprem")
     assert cfg.gpu_device_list_strategy == "envvar"
-    assert "deviceListStrategy" not in pools.nvidia_device_plugin_values(cfg)
+    assert "deviceListStrategy" not in device_plugins.nvidia_device_plugin_values(cfg)
     opted = dataclasses.replace(cfg, gpu_device_list_strategy="volume-mounts")
-    assert pools.nvidia_device_plugin_values(opted)["deviceListStrategy"] == "volume-mounts"
+    assert (
+        device_plugins.nvidia_device_plugin_values(opted)["deviceListStrategy"] == "volume-mounts"
+    )

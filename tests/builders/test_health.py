@@ -14,7 +14,7 @@ import yaml
 from trainstack_health.expectations import parse
 from trainstack_health.repair.decide import parse_settings
 
-from trainstack.builders import autoscaler, health, health_netpol, netpol, pools
+from trainstack.builders import autoscaler, device_plugins, health, health_netpol, netpol, pools
 from trainstack.catalog import FLOOR_FRACTION, catalog
 from trainstack.config import PlatformConfig, load_stack_file
 from trainstack.config import model as m
@@ -335,7 +335,7 @@ def test_gpu_node_daemons_tolerate_the_gate_only_when_it_is_on(onprem: PlatformC
     gate = {"key": contract.TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
     on = dataclasses.replace(onprem, health=dataclasses.replace(onprem.health, enabled=True))
     off = dataclasses.replace(onprem, health=dataclasses.replace(onprem.health, enabled=False))
-    plugin_on, plugin_off = (pools.nvidia_device_plugin_values(c) for c in (on, off))
+    plugin_on, plugin_off = (device_plugins.nvidia_device_plugin_values(c) for c in (on, off))
     assert gate in plugin_on["tolerations"]  # the plugin's and GFD's (one list in the chart)
     assert gate not in plugin_off["tolerations"]
     assert pools.GPU_TOLERATION in plugin_on["tolerations"]
@@ -347,7 +347,7 @@ def test_gpu_node_daemons_tolerate_the_gate_only_when_it_is_on(onprem: PlatformC
         for p in on.gpu_pools
     )
     nfd_on, nfd_off = (
-        pools.nvidia_device_plugin_values(dataclasses.replace(c, gpu_pools=plain))["nfd"]
+        device_plugins.nvidia_device_plugin_values(dataclasses.replace(c, gpu_pools=plain))["nfd"]
         for c in (on, off)
     )
     assert gate in nfd_on["worker"]["tolerations"]

@@ -110,11 +110,11 @@ def old_capacity(doc: dict[str, Any]) -> dict[str, Any]:
 def test_plans_from_before_firm_capacity_still_diff(example_plans: dict[str, Plan]) -> None:
     prod = as_doc(example_plans["prod"])
     diff = diff_plans(old_capacity(prod), prod)
-    # The old base is read with the old rule (every GPU firm but spot's): 128 firm, and no
+    # The old base is read with the old rule (every GPU firm but spot's): 132 firm, and no
     # group queues, so no headroom; both sums held.
     assert {c.name: (c.need, c.available, c.ok, c.was_ok) for c in diff.capacity.checks} == {
         GUARANTEES: (48, 56, True, True),
-        DESERVED: (128, 128, True, True),
+        DESERVED: (128, 132, True, True),
     }
     totals = {t.field: (t.before, t.after) for t in diff.capacity.totals if t.before != t.after}
     assert totals["firm"][1] == 56

@@ -121,7 +121,7 @@ def test_quota_cut_is_reported_per_team(preview: Preview, prod_base: dict[str, A
     # so what the queues hold firm (teams and headroom, 48) does not move.
     assert "| guaranteed |" not in markdown
     checks = {c.name: (c.need, c.available, c.was_ok) for c in diff.capacity.checks}
-    assert checks == {GUARANTEES: (48, 56, True), DESERVED: (128, 128, True)}
+    assert checks == {GUARANTEES: (48, 56, True), DESERVED: (128, 132, True)}
 
 
 @pytest.mark.parametrize("both", [True, False], ids=["group-and-team", "team-first"])
@@ -171,7 +171,7 @@ def test_pool_shrink_below_guarantees_is_flagged(
     }
     # Every claim competes for every firm GPU (the block has none): one shortfall, the sum.
     over = {c.name: (c.need, c.available, c.was_ok) for c in diff.capacity.over}
-    assert over == {GUARANTEES: (48, 40, True), DESERVED: (128, 112, True)}
+    assert over == {GUARANTEES: (48, 40, True), DESERVED: (128, 116, True)}
     assert f"| {GUARANTEES} | 48 | 40 | ⛔ **OVER** (was ok) |" in markdown
     assert "⛔ **2 capacity check(s) over**" in markdown
     assert "| h100-reserved | changed | GPUs | 32 | 16 |" in markdown
@@ -580,3 +580,43 @@ def test_a_teams_shorter_log_retention_shows_in_the_diff(
     updated = {r.type for r in diff.created_updated if r.action == "update"}
     assert "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration" in updated, updated
     assert not diff.stateful_losses
+
+
+def sliced(job_doc: dict[str, Any], resource: str, per_pod: int = 1) -> dict[str, Any]:
+    """The job's trainers ask for `resource` (a GPU slice) instead of whole GPUs."""
+    for task in job_doc["inputs"]["spec"]["tasks"]:
+        task["template"]["spec"]["containers"][0]["resources"]["limits"] = {resource: per_pod}
+    return job_doc
+
+
+def test_jobs_moving_to_gpu_slices_show_their_slices(example_plans: dict[str, Plan]) -> None:
+    """Issue 47: a job on MIG slices asks for no whole GPU; the diff says which slices, so a
+    reviewer sees `GPUs 16 -> 0` with `slices: 2 x mig-1g.10gb`, not a job that vanished."""
+    vision = as_doc(example_plans["vision"])
+    base = with_resources(vision, job("eval"))
+    head = with_resources(
+        vision,
+        sliced(job("eval"), "nvidia.com/mig-1g.10gb"),
+        sliced(job("probe", replicas=1), "nvidia.com/gpu.shared"),
+    )
+    diff, markdown = report_for(base, head)
+    jobs = {j.key: j for j in diff.jobs}
+    assert jobs["vision/probe"].summary["slices"] == "1 x gpu.shared"
+    changes = {c.field: (c.before, c.after) for c in jobs["vision/eval"].changes}
+    assert changes["slices"] == ("(whole GPUs)", "2 x mig-1g.10gb")
+    assert changes["GPUs"] == (16, 0)
+    assert "| vision/eval | changed | slices | (whole GPUs) | 2 x mig-1g.10gb |" in markdown
+
+
+def test_a_pool_cut_into_slices_shows_in_the_diff(
+    preview: Preview, prod_base: dict[str, Any]
+) -> None:
+    head = preview(
+        "prod",
+        prod=replace_once(PROD, "mig: {layout: all-1g.10gb}", "mig: {layout: all-balanced}"),
+    )
+    diff, _ = report_for(prod_base, head)
+    [pool] = [p for p in diff.capacity.pools if p.key == "h100-slices"]
+    assert {c.field: (c.before, c.after) for c in pool.changes} == {
+        "slices": ("7 x 1g.10gb", "2 x 1g.10gb, 1 x 2g.20gb, 1 x 3g.40gb")
+    }

@@ -102,9 +102,9 @@ def test_a_pool_and_a_team_make_a_short_report_that_names_the_teams_quota(
         "data.registry.json (json) teams[name=speech] added: data forces replacement |",
         # Three queues' capabilities grew alike: one row, the five values folded.
         "| update | Queue | trainstack-prod-volcano-queue-{group-product, group-research, "
-        "trainstack} | spec.capability | cpu: 3072, hugepages-2Mi: 81920Mi, memory: 32768Gi, "
-        "nvidia.com/gpu: 128, vpc.amazonaws.com/efa: 448 | cpu: 3840, hugepages-2Mi: "
-        "102400Mi, memory: 40960Gi, nvidia.com/gpu: 160, vpc.amazonaws.com/efa: 512 |",
+        "trainstack} | spec.capability | cpu: 3136, hugepages-2Mi: 81920Mi, memory: 33792Gi, "
+        "nvidia.com/gpu: 132, vpc.amazonaws.com/efa: 448 | cpu: 3904, hugepages-2Mi: "
+        "102400Mi, memory: 41984Gi, nvidia.com/gpu: 164, vpc.amazonaws.com/efa: 512 |",
     ]
     missing = [line for line in expected if line not in lines]
     assert not missing, "\n".join(["missing:", *missing, "report:", *lines])

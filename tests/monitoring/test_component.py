@@ -8,6 +8,7 @@ import pulumi_kubernetes as k8s
 
 from tests.conftest import Recorded
 from tests.monitoring.conftest import platform, platform_doc
+from trainstack.builders import device_plugins
 from trainstack.components.monitoring import Monitoring, MonitoringArgs
 
 
@@ -57,11 +58,21 @@ def test_charts_monitors_rules_and_dashboards(run_program: Callable[..., Recorde
     assert len(dashboards) == 4  # cluster, team, job, fairness
 
 
-def test_gpu_operator_brings_its_own_exporter(run_program: Callable[..., Recorded]) -> None:
+def test_gpu_operator_leaves_the_exporter_to_trainstack(
+    run_program: Callable[..., Recorded],
+) -> None:
+    """Issue 47: one dcgm-exporter whatever the device plugin, trainstack's: its counters hold
+    DCGM_FI_PROF_GR_ENGINE_ACTIVE, which MIG utilisation needs, and it runs on the node's
+    network for the runtime's evidence; the operator's own is turned off."""
     rec = run(run_program, "gpu-operator")
     releases = [r.name for r in rec.of_type("kubernetes:helm.sh/v3:Release")]
-    assert releases == ["m-kube-prometheus-stack"]
+    assert releases == ["m-kube-prometheus-stack", "m-dcgm-exporter"]
     monitor = rec.one(
         "kubernetes:monitoring.coreos.com/v1:ServiceMonitor", "m-sm-trainstack-dcgm-exporter"
     )
-    assert monitor.inputs["spec"]["namespaceSelector"] == {"matchNames": ["trainstack-system"]}
+    assert monitor.inputs["spec"]["selector"] == {
+        "matchLabels": {"app.kubernetes.io/name": "dcgm-exporter"}
+    }
+    doc = platform_doc()
+    doc["gpu"] = {"devicePlugin": "gpu-operator"}
+    assert device_plugins.gpu_operator_values(platform(doc))["dcgmExporter"] == {"enabled": False}

@@ -39,6 +39,12 @@ def _compare(a: Quantity, b: Quantity) -> celtypes.IntType:
     return celtypes.IntType((float(a) > float(b)) - (float(a) < float(b)))
 
 
+def _sum(values: celtypes.ListType) -> celtypes.IntType:
+    """Kubernetes' CEL lists library: `[1, 2].sum()` (k8s.io/apiserver pkg/cel/library/
+    lists.go; integers only here, all the expressions sum)."""
+    return celtypes.IntType(sum(int(v) for v in values))
+
+
 def _split(value: celtypes.StringType, separator: celtypes.StringType) -> celtypes.ListType:
     """Kubernetes' CEL strings library: `"a,b".split(",")`."""
     return celtypes.ListType([celtypes.StringType(p) for p in str(value).split(str(separator))])
@@ -50,6 +56,7 @@ FUNCTIONS = {
     "asApproximateFloat": _as_float,
     "compareTo": _compare,
     "split": _split,
+    "sum": _sum,
 }
 
 

@@ -271,6 +271,47 @@ def both(*mutations: Mutation) -> Mutation:
     return mutate
 
 
+def gpus_as(resource: str, amount: str = "1", tasks: tuple[int, ...] | None = None) -> Mutation:
+    """The trainers of the given tasks (default: every task) ask for `amount` of `resource`
+    instead of their whole GPU (issue 47: MIG instances and time-shared GPUs)."""
+
+    def mutate(j: dict[str, Any]) -> None:
+        for i in tasks if tasks is not None else range(len(j["spec"]["tasks"])):
+            res = pod(j, i)["containers"][0]["resources"]
+            for side in ("requests", "limits"):
+                res[side].pop("nvidia.com/gpu", None)
+                res[side][resource] = amount
+
+    return mutate
+
+
+def then(*mutations: Mutation) -> Mutation:
+    def mutate(j: dict[str, Any]) -> None:
+        for m in mutations:
+            m(j)
+
+    return mutate
+
+
+def one_task(j: dict[str, Any]) -> None:
+    """The master alone: a job of one replica."""
+    j["spec"]["tasks"] = j["spec"]["tasks"][:1]
+    j["spec"]["minAvailable"] = 1
+
+
+def shared_init_container(j: dict[str, Any]) -> None:
+    """The first task's pod gets an init container holding a time-shared GPU as well."""
+    init = copy.deepcopy(trainer(j))
+    init["name"] = "warmup"
+    init.pop("livenessProbe", None)
+    init.pop("ports", None)
+    pod(j).setdefault("initContainers", []).append(init)
+
+
+SHARED = "nvidia.com/gpu.shared"
+ALLOW_SHARED = metadata("job", "annotations", "trainstack.io/shared-gpus", "allow")
+
+
 CASES: list[tuple[str, str, Mutation | None, bool]] = [
     # (rule, case, mutation of the valid demo job, admitted?)
     ("request-limit-ratio", "valid", None, True),
@@ -427,6 +468,58 @@ CASES: list[tuple[str, str, Mutation | None, bool]] = [
     ("gpu-placement", "a CPU job tolerating the GPU taint", cpu_only, False),
     ("gpu-placement", "a CPU job tolerating every taint", cpu_only_tolerating_all, False),
     ("gpu-placement", "a CPU-only task of a GPU job", cpu_task_in_gpu_job, True),
+    # Issue 47: a MIG instance or a time-shared GPU is a GPU to the placement rule too.
+    (
+        "gpu-placement",
+        "a MIG instance, no pool affinity",
+        then(gpus_as("nvidia.com/mig-1g.10gb"), lambda j: pod(j).pop("affinity")),
+        False,
+    ),
+    (
+        "gpu-placement",
+        "a time-shared GPU, no GPU toleration",
+        then(gpus_as(SHARED), lambda j: pod(j).pop("tolerations")),
+        False,
+    ),
+    (
+        "gpu-placement",
+        "MIG instances, pinned and tolerating",
+        gpus_as("nvidia.com/mig-1g.10gb"),
+        True,
+    ),
+    # Issue 47: distributed jobs stay off time-shared GPUs unless the Job says so.
+    ("shared-gpus", "valid", None, True),
+    ("shared-gpus", "two replicas on time-shared GPUs", gpus_as(SHARED), False),
+    ("shared-gpus", "two replicas, allowed on the Job", then(gpus_as(SHARED), ALLOW_SHARED), True),
+    (
+        "shared-gpus",
+        "allowed on a task template, not the Job",
+        then(
+            gpus_as(SHARED),
+            metadata("template", "annotations", "trainstack.io/shared-gpus", "allow"),
+        ),
+        False,
+    ),
+    ("shared-gpus", "one replica on a time-shared GPU", then(one_task, gpus_as(SHARED)), True),
+    (
+        "shared-gpus",
+        "one replica asking for two shares, allowed",
+        then(one_task, gpus_as(SHARED, "2"), ALLOW_SHARED),
+        False,
+    ),
+    (
+        "shared-gpus",
+        "one replica whose init container holds a share too",
+        then(one_task, gpus_as(SHARED), shared_init_container),
+        False,
+    ),
+    (
+        "shared-gpus",
+        "one task of three replicas",
+        then(one_task, gpus_as(SHARED), lambda j: j["spec"]["tasks"][0].__setitem__("replicas", 3)),
+        False,
+    ),
+    ("shared-gpus", "MIG instances in two replicas", gpus_as("nvidia.com/mig-1g.10gb"), True),
     # Issue 42: the node health gate holds against a job that tolerates its taint.
     ("health-gate", "valid", None, True),
     ("health-gate", "tolerates every taint", tolerate_all, False),

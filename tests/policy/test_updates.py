@@ -62,9 +62,10 @@ def add_volume(j: dict[str, Any]) -> None:
     j["spec"]["volumes"] = [{"mountPath": "/v", "volumeClaimName": "datasets"}]
 
 
-# scheduling-keys judges every UPDATE: a member may patch a Job's metadata at any time, and
-# nothing it reads depends on a setting that tightens (rules.UPDATE_READS).
-ALWAYS = {"scheduling-keys"}
+# scheduling-keys and shared-gpus judge every UPDATE: a member may patch a Job's metadata at any
+# time (and resize an elastic job in place), and nothing they read depends on a setting that
+# tightens (rules.UPDATE_READS).
+ALWAYS = {"scheduling-keys", "shared-gpus"}
 TEMPLATES = {r.name for r in K8S_RULES} - {"max-duration", "own-queue", "job-volumes",
                                            "job-plugins"}  # fmt: skip
 CHANGES: dict[str, tuple[Change, set[str]]] = {

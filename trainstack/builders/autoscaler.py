@@ -25,10 +25,11 @@ from __future__ import annotations
 from typing import Any
 
 from trainstack.builders import labels
-from trainstack.builders.fabric import GPU_RESOURCE, HUGEPAGES_RESOURCE
+from trainstack.builders.fabric import HUGEPAGES_RESOURCE
 from trainstack.builders.pools import (
     GPU_TAINT,
     fabric_profile,
+    gpu_resources_per_node,
     instance_of,
     node_labels,
 )
@@ -65,6 +66,14 @@ def node_group_tags(pool: GpuPool) -> dict[str, str]:
     hugepages = fabric_profile(pool).hugepages_mi_per_node
     if hugepages:
         tags[f"{TEMPLATE_RESOURCE}{HUGEPAGES_RESOURCE}"] = f"{hugepages}Mi"
+    # GPU slices: CA knows a type's GPUs from EC2, never how the MIG manager or the device
+    # plugin will cut them (docs/gpu-sharing.md); without these a slice job could not scale
+    # a pool up from zero.
+    if pool.sharing is not None:
+        tags |= {
+            f"{TEMPLATE_RESOURCE}{name}": str(count)
+            for name, count in sorted(gpu_resources_per_node(pool).items())
+        }
     return tags
 
 
@@ -75,7 +84,7 @@ def node_template(cfg: PlatformConfig, pool: GpuPool) -> dict[str, Any]:
     capacity: dict[str, str] = {
         "cpu": str(instance.vcpu),
         "memory": f"{instance.memory_gib}Gi",
-        GPU_RESOURCE: str(instance.gpus),
+        **{name: str(count) for name, count in gpu_resources_per_node(pool).items()},
         "pods": "110",
     }
     for key, value in node_group_tags(pool).items():

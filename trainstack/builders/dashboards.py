@@ -16,6 +16,7 @@ from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefre
 
 from trainstack.builders import labels
 from trainstack.builders.monitoring import DASHBOARD_LABEL, NAMESPACE, fairness, price_expr
+from trainstack.builders.monitoring.common import gpu_utilisation
 from trainstack.config.model import PlatformConfig
 
 # kube-prometheus-stack provisions its Prometheus data source with this uid.
@@ -72,7 +73,15 @@ def _cluster(cfg: PlatformConfig) -> tuple[str, str, list[str], list[tuple[str, 
                 ),
                 PanelSpec(
                     "GPU utilisation by node",
-                    (Query("avg by (node) (DCGM_FI_DEV_GPU_UTIL)", "{{node}}"),),
+                    # Whole GPUs, and MIG instances by their engine's activity
+                    # (docs/gpu-sharing.md).
+                    (
+                        Query(
+                            "avg by (node) "
+                            f"({gpu_utilisation(cfg, in_gpus=False, assigned=False)})",
+                            "{{node}}",
+                        ),
+                    ),
                     unit="percent",
                 ),
             ],
@@ -309,7 +318,6 @@ def _team(cfg: PlatformConfig) -> tuple[str, str, list[str], list[tuple[str, lis
 
 
 def _job(cfg: PlatformConfig) -> tuple[str, str, list[str], list[tuple[str, list[PanelSpec]]]]:
-    del cfg
     return (
         "trainstack-job",
         "trainstack / Job",
@@ -375,9 +383,9 @@ def _job(cfg: PlatformConfig) -> tuple[str, str, list[str], list[tuple[str, list
                         "GPU utilisation per pod",
                         (
                             Query(
-                                "avg by (pod) (DCGM_FI_DEV_GPU_UTIL * on (namespace, pod) "
-                                "group_left () namespace_pod:trainstack_job_labels:info"
-                                f"{{{JOB_SEL}}})",
+                                f"avg by (pod) ({gpu_utilisation(cfg, in_gpus=False)} * on "
+                                "(namespace, pod) group_left () "
+                                f"namespace_pod:trainstack_job_labels:info{{{JOB_SEL}}})",
                                 "{{pod}}",
                             ),
                         ),

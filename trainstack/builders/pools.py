@@ -14,8 +14,22 @@ from trainstack.builders.fabric import (
     tcp_profile,
 )
 from trainstack.catalog import InstanceType, lookup
-from trainstack.config.model import SYSTEM_NAMESPACE, GpuPool, NvmeCache, PlatformConfig
+from trainstack.config.model import (
+    SYSTEM_NAMESPACE,
+    GpuPool,
+    MigSharing,
+    NvmeCache,
+    PlatformConfig,
+    TimeSlicing,
+)
 from trainstack.contracts import health as health_contract
+from trainstack.slices import (
+    WHOLE_GPU_RESOURCE,
+    Slice,
+    mig_catalog,
+    mig_slices,
+    time_slices,
+)
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 # The health gate's startup taint (issue 42, docs/health.md): a new GPU node takes no work
@@ -127,6 +141,59 @@ def max_nodes(pool: GpuPool) -> int:
     return pool.existing.nodes
 
 
+# Fractional GPUs (docs/gpu-sharing.md). The node labels that pick each node's share: the GPU
+# operator's MIG manager applies the layout named by nvidia.com/mig.config (gpu-operator
+# v26.3.0 controllers/state_manager.go; mig-parted v0.14.0 cmd/nvidia-mig-manager/main.go
+# MigConfigLabel) and reports nvidia.com/mig.config.state; the device plugin's config manager
+# loads the config named by nvidia.com/device-plugin.config (k8s-device-plugin v0.18.2
+# cmd/config-manager/main.go DefaultConfigLabel; README "Multiple Config File Example").
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+MIG_STATE_LABEL = "nvidia.com/mig.config.state"
+DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+
+
+def time_slicing_config_name(replicas: int) -> str:
+    return f"time-slicing-{replicas}"
+
+
+def pool_slices(pool: GpuPool) -> tuple[Slice, ...]:
+    """The slices each GPU of the pool is cut into (empty: whole GPUs)."""
+    if isinstance(pool.sharing, MigSharing):
+        return mig_slices(mig_catalog()[pool.sharing.gpu], pool.sharing.layout)
+    if isinstance(pool.sharing, TimeSlicing):
+        memory = instance_of(pool).gpu_memory_gib * 2**30 / 1e9 if pool.aws else None
+        return time_slices(pool.sharing.replicas, memory)
+    return ()
+
+
+def gpu_resources_per_node(pool: GpuPool) -> dict[str, int]:
+    """What the device plugin advertises on one node: whole GPUs, or every slice of them
+    (with the `mixed` MIG strategy a MIG-enabled GPU is not an nvidia.com/gpu any more, and a
+    renamed time-shared one is nvidia.com/gpu.shared only)."""
+    gpus = gpus_per_node(pool)
+    slices = pool_slices(pool)
+    if not slices:
+        return {WHOLE_GPU_RESOURCE: gpus}
+    return {s.resource: s.per_gpu * gpus for s in slices}
+
+
+def sharing_node_labels(pool: GpuPool) -> dict[str, str]:
+    """The labels that make a node's MIG manager or device plugin cut its GPUs."""
+    if isinstance(pool.sharing, MigSharing):
+        return {MIG_CONFIG_LABEL: pool.sharing.layout}
+    if isinstance(pool.sharing, TimeSlicing):
+        return {DEVICE_PLUGIN_CONFIG_LABEL: time_slicing_config_name(pool.sharing.replicas)}
+    return {}
+
+
+def uses_mig(cfg: PlatformConfig) -> bool:
+    return any(isinstance(p.sharing, MigSharing) for p in cfg.gpu_pools)
+
+
+def uses_time_slicing(cfg: PlatformConfig) -> bool:
+    return any(isinstance(p.sharing, TimeSlicing) for p in cfg.gpu_pools)
+
+
 def fabric_profile(pool: GpuPool) -> FabricProfile:
     """What a job on this pool requests and which env it gets (the pool→job contract)."""
     if pool.fabric == "efa":
@@ -178,7 +245,7 @@ def node_labels(cfg: PlatformConfig, pool: GpuPool) -> dict[str, str]:
         result[PLACEMENT_GROUP] = placement_group_name(cfg.cluster_name, pool)
     if has_dataset_cache(cfg, pool):
         result[CACHE_NODE_LABEL] = "true"
-    return result
+    return result | sharing_node_labels(pool)
 
 
 def node_taints(cfg: PlatformConfig, pool: GpuPool) -> list[dict[str, str]]:
@@ -370,147 +437,6 @@ def node_user_data(
     return "\n".join(lines) + "\n"
 
 
-def network_operator_enabled(cfg: PlatformConfig) -> bool:
-    """RDMA pools on an existing cluster get the NVIDIA Network Operator (and its NFD)."""
-    return any(p.existing is not None and p.existing.rdma for p in cfg.gpu_pools)
-
-
-def _term(selector: list[tuple[str, str]]) -> dict[str, Any]:
-    return {
-        "matchExpressions": [
-            {"key": key, "operator": "In", "values": [value]} for key, value in selector
-        ]
-    }
-
-
-def nvidia_device_plugin_values(cfg: PlatformConfig) -> dict[str, Any]:
-    """The plugin (and, on existing clusters, GPU Feature Discovery) on GPU nodes only.
-
-    On AWS every pool's node group sets nvidia.com/gpu.present (node_labels). On an existing
-    cluster nothing sets it (GFD never does; the GPU operator would) and pools may select GFD
-    labels such as nvidia.com/gpu.product, so GFD is on, and the plugin and GFD (which shares
-    this affinity) also run on NFD's NVIDIA PCI label and on every pool's selector. The
-    Network Operator brings its own NFD (v25.7.0 values.yaml: PCI classes 0300/0302 by vendor,
-    `nvidia.com` labels allowed), so the chart's stays off; otherwise the chart's NFD comes
-    along, tolerating the GPU taint. Chart facts: NVIDIA/k8s-device-plugin v0.18.2
-    deployments/helm/nvidia-device-plugin (values.yaml, Chart.yaml, templates/daemonset-gfd.yml).
-    """
-    terms = [_term([(GPU_PRESENT_LABEL, "true")])]
-    extra: dict[str, Any] = {}
-    if cfg.cloud == "existing":
-        terms.insert(0, _term([(NFD_NVIDIA_PCI_LABEL, "true")]))
-        for pool in cfg.gpu_pools:
-            if pool.existing is not None and _term(list(pool.existing.node_selector)) not in terms:
-                terms.append(_term(list(pool.existing.node_selector)))
-        extra["gfd"] = {"enabled": True}
-        extra["nfd"] = (
-            {"enabled": False}
-            if network_operator_enabled(cfg)
-            else {
-                "worker": {
-                    "tolerations": [
-                        *NFD_WORKER_TOLERATIONS,
-                        *gpu_daemon_tolerations(cfg)[1:],
-                    ]
-                }
-            }
-        )
-    if cfg.gpu_device_list_strategy == "volume-mounts":
-        # Each allocated GPU as a mount under /var/run/nvidia-container-devices/<UUID>, which
-        # the toolkit configured by TOOLKIT_ISOLATION honours (v0.18.2 values.yaml
-        # `deviceListStrategy`, `deviceIDStrategy`; the chart gives the plugin SYS_ADMIN for
-        # it, templates/daemonset-device-plugin.yml, so no securityContext is set here).
-        extra |= {"deviceListStrategy": "volume-mounts", "deviceIDStrategy": "uuid"}
-    return {
-        "affinity": {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
-            }
-        },
-        "tolerations": gpu_daemon_tolerations(cfg),
-        "priorityClassName": "system-node-critical",
-        **extra,
-    }
-
-
-def gpu_operator_values(cfg: PlatformConfig) -> dict[str, Any]:
-    """The EKS accelerated AMI ships the driver and container toolkit: do not reinstall. The
-    toolkit's settings come from the node's user data (TOOLKIT_ISOLATION), since the operator's
-    toolkit is off; its device plugin takes the strategy from its environment, applied after
-    the operator's own defaults (gpu-operator v26.3.0 deployments/gpu-operator/values.yaml
-    `devicePlugin.env`; controllers/object_controls.go)."""
-    values: dict[str, Any] = {
-        "driver": {"enabled": False},
-        "toolkit": {"enabled": False},
-        "daemonsets": {"tolerations": [GPU_TOLERATION]},
-    }
-    if cfg.gpu_device_list_strategy == "volume-mounts":
-        values["devicePlugin"] = {
-            "env": [{"name": "DEVICE_LIST_STRATEGY", "value": "volume-mounts"}]
-        }
-    return values
-
-
-def efa_device_plugin_values(cfg: PlatformConfig) -> dict[str, Any]:
-    """Only on EFA pools: elsewhere the plugin crash-loops on 'No valid EFA devices'."""
-    efa_types = sorted(
-        {p.aws.instance_type for p in cfg.gpu_pools if p.aws is not None and p.fabric == "efa"}
-    )
-    return {
-        "nodeSelector": {labels.FABRIC: "efa"},
-        "tolerations": [GPU_TOLERATION],
-        "supportedInstanceLabels": {
-            "keys": ["node.kubernetes.io/instance-type"],
-            "values": efa_types,
-        },
-    }
-
-
-def network_operator_values() -> dict[str, Any]:
-    return {"nfd": {"enabled": True}, "sriovNetworkOperator": {"enabled": False}}
-
-
-def nic_cluster_policy(cfg: PlatformConfig) -> dict[str, Any]:
-    """The Network Operator's singleton policy: one RDMA shared device per RDMA pool."""
-    rdma_pools = [p for p in cfg.gpu_pools if p.existing is not None and p.existing.rdma]
-    config_list = []
-    terms = []
-    for pool in rdma_pools:
-        assert pool.existing is not None
-        assert pool.existing.rdma is not None
-        rdma = pool.existing.rdma
-        config_list.append(
-            {
-                "resourceName": rdma.resource_name,
-                "rdmaHcaMax": 63,
-                "selectors": {"ifNames": list(rdma.interfaces)},
-            }
-        )
-        terms.append(
-            {
-                "matchExpressions": [
-                    {"key": key, "operator": "In", "values": [value]}
-                    for key, value in pool.existing.node_selector
-                ]
-            }
-        )
-    return {
-        "apiVersion": "mellanox.com/v1alpha1",
-        "kind": "NicClusterPolicy",
-        "metadata": {"name": "nic-cluster-policy", "labels": labels.base_labels(cfg.stack)},
-        "spec": {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
-            },
-            "tolerations": [GPU_TOLERATION],
-            "rdmaSharedDevicePlugin": {
-                **RDMA_PLUGIN_IMAGE,
-                "config": json.dumps({"configList": config_list}, sort_keys=True),
-            },
-        },
-    }
-
-
 def pool_output(cfg: PlatformConfig, pool: GpuPool) -> dict[str, Any]:
     """A pool as exported for team stacks and the job layer."""
     doc: dict[str, Any] = {
@@ -522,6 +448,8 @@ def pool_output(cfg: PlatformConfig, pool: GpuPool) -> dict[str, Any]:
         "taint": GPU_TAINT if pool.aws is not None else None,
         "profile": fabric_profile(pool).to_json(),
         "datasetCache": has_dataset_cache(cfg, pool),
+        # Fractional GPUs: what one replica may ask for instead of a GPU (jobs/checks.py).
+        "slices": [s.to_json() for s in pool_slices(pool)],
     }
     if pool.aws is not None:
         instance = instance_of(pool)

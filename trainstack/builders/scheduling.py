@@ -18,6 +18,7 @@ from trainstack.builders.pools import (
     instance_of,
     max_nodes,
     placement_group_name,
+    pool_slices,
 )
 from trainstack.config.capacity import group_envelope, summary, supplies
 from trainstack.config.model import PlatformConfig, Team
@@ -116,6 +117,12 @@ def pools_shape(cfg: PlatformConfig, pool_names: tuple[str, ...] | list[str]) ->
         per |= dict.fromkeys(profile.shared_devices, 1.0)
         if profile.hugepages_mi_per_node:
             per[HUGEPAGES_RESOURCE] = profile.hugepages_mi_per_node / gpus
+        # A GPU's worth of each slice (docs/gpu-sharing.md): a capability of N GPUs lets the
+        # team hold N GPUs' worth of every slice its pools offer. Volcano caps each resource
+        # on its own and leaves one the capability does not name unlimited (v1.15.1
+        # plugins/capacity/capacity.go realCapability: MinDimensionResource with Infinity),
+        # so every slice the pools advertise is named here.
+        per |= {s.resource: float(s.per_gpu) for s in pool_slices(pool)}
         for key, value in per.items():
             shape[key] = max(shape.get(key, 0.0), value)
     return shape

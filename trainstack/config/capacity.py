@@ -36,10 +36,14 @@ class Supply:
     firm_nodes: int
     max_nodes: int
     why: str  # what makes `firm_nodes` firm, or why they are not, in the user's words
+    # Every GPU cut into slices (gpuSharing): they count towards fair shares and capabilities
+    # (a GPU of quota is a GPU's worth of slices, builders/scheduling.pools_shape) but back
+    # no guarantee: guarantees are in nvidia.com/gpu, which a slice never is.
+    sliced: bool = False
 
     @property
     def firm(self) -> int:
-        return self.firm_nodes * self.gpus_per_node
+        return 0 if self.sliced else self.firm_nodes * self.gpus_per_node
 
     @property
     def total(self) -> int:
@@ -68,11 +72,19 @@ def supply(pool: GpuPool, now: datetime) -> Supply:
     if pool.aws is None:
         assert pool.existing is not None
         nodes = pool.existing.nodes
-        return Supply(pool.name, "existing", pool.existing.gpus_per_node, nodes, nodes, "nodes")
+        why = _sliced("nodes", pool)
+        sliced = pool.sharing is not None
+        return Supply(pool.name, "existing", pool.existing.gpus_per_node, nodes, nodes, why, sliced)
     size, capacity = pool.aws.size, pool.aws.capacity
     firm, why = _firm_nodes(capacity.type, capacity.instance_count, capacity.window, size, now)
     per_node = lookup(pool.aws.instance_type).gpus
-    return Supply(pool.name, capacity.type, per_node, firm, size.max, why)
+    sliced = pool.sharing is not None
+    return Supply(pool.name, capacity.type, per_node, firm, size.max, _sliced(why, pool), sliced)
+
+
+def _sliced(why: str, pool: GpuPool) -> str:
+    """A sliced pool's GPUs are never firm, whatever buys them (Supply.sliced)."""
+    return why if pool.sharing is None else "sliced: backs no guarantee"
 
 
 def _firm_nodes(

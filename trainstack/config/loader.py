@@ -24,6 +24,7 @@ from trainstack.config.images import platform_image_checks
 from trainstack.config.monitoring import build_monitoring, monitoring_checks
 from trainstack.config.pools import build_pools, network_zones, pool_checks
 from trainstack.config.schema import apply_defaults, load_schema, schema_issues
+from trainstack.config.sharing import sharing_checks
 from trainstack.config.storage import build_storage, storage_checks
 from trainstack.config.topology import build_topology, topology_checks
 
@@ -179,6 +180,7 @@ def _platform_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     issues.extend(platform_image_checks(doc, root))
     issues.extend(mode_issues(doc, root))
     issues.extend(pool_checks(doc, root))
+    issues.extend(sharing_checks(doc, root))
     issues.extend(storage_checks(doc, root, network_zones(doc)))
     issues.extend(monitoring_checks(doc, root))
     issues.extend(health_checks(doc, root))

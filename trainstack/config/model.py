@@ -216,6 +216,21 @@ class ExistingPool:
 
 
 @dataclass(frozen=True)
+class MigSharing:
+    """Every GPU of the pool cut by the GPU operator's MIG manager into `layout`."""
+
+    layout: str  # the node label nvidia.com/mig.config, e.g. all-1g.10gb
+    gpu: str  # the GPU's entry in data/mig.yaml, e.g. H100-80GB
+
+
+@dataclass(frozen=True)
+class TimeSlicing:
+    """Every GPU of the pool shared by `replicas` processes (nvidia.com/gpu.shared)."""
+
+    replicas: int
+
+
+@dataclass(frozen=True)
 class GpuPool:
     """A GPU node pool: exactly one of `aws` or `existing` is set, per the stack's cloud."""
 
@@ -223,6 +238,8 @@ class GpuPool:
     fabric: Fabric
     aws: AwsPool | None = None
     existing: ExistingPool | None = None
+    # Fractional GPUs (docs/gpu-sharing.md): None, the pool's GPUs are handed out whole.
+    sharing: MigSharing | TimeSlicing | None = None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from trainstack.config import model as m
 from trainstack.config.checks import dict_items, duplicate_names, size_issues
 from trainstack.config.errors import ConfigIssue, did_you_mean, join_path
 from trainstack.config.interfaces import pod_interfaces, socket_ifname_matches
+from trainstack.config.sharing import build_sharing
 
 AWS_FABRICS = ("efa", "tcp")
 EXISTING_FABRICS = ("infiniband", "roce", "tcp")
@@ -389,8 +390,9 @@ def build_pools(doc: Mapping[str, Any]) -> tuple[m.GpuPool, ...]:
                 instance_store_raid0=store == "raid0",
                 disk_size_gib=raw["diskSizeGiB"],
             )
-            pools.append(m.GpuPool(name=raw["name"], fabric=raw["fabric"], aws=aws_pool))
+            existing = None
         else:
+            aws_pool = None
             rdma = raw.get("rdma")
             existing = m.ExistingPool(
                 node_selector=tuple(sorted(raw["nodeSelector"].items())),
@@ -411,7 +413,15 @@ def build_pools(doc: Mapping[str, Any]) -> tuple[m.GpuPool, ...]:
                     else None
                 ),
             )
-            pools.append(m.GpuPool(name=raw["name"], fabric=raw["fabric"], existing=existing))
+        pools.append(
+            m.GpuPool(
+                name=raw["name"],
+                fabric=raw["fabric"],
+                aws=aws_pool,
+                existing=existing,
+                sharing=build_sharing(doc, raw),
+            )
+        )
     return tuple(pools)
 
 

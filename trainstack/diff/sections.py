@@ -10,7 +10,7 @@ from trainstack.diff.capacity import Check, Inputs, capacity_checks, plan_inputs
 from trainstack.diff.model import Capacity, DataPath, Entry, Policy
 from trainstack.diff.plans import ABSENT, VOLCANO_JOB, Change, changed_paths, get, limited, readable
 from trainstack.diff.twins import kinds as count_kinds
-from trainstack.jobs.elastic import gpus_label, job_gpus
+from trainstack.jobs.elastic import gpus_label, job_gpus, job_slices
 from trainstack.outputs import team_slices
 from trainstack.policy.objects import Violation
 
@@ -190,7 +190,14 @@ def _pool_view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "instanceType": pool.get("instanceType"),
             "capacityType": pool.get("capacityType"),
             "fabric": pool.get("fabric"),
+            # Each GPU cut into slices (docs/gpu-sharing.md): `7 x 1g.10gb` a GPU.
+            "slices": ", ".join(
+                f"{s.get('perGpu')} x {s.get('profile')}" for s in pool.get("slices") or []
+            )
+            or None,
         }
+        if not pools[name]["slices"]:
+            del pools[name]["slices"]
         if name not in supply:
             del pools[name]["firm GPUs"]
     return pools
@@ -425,6 +432,9 @@ def jobs_section(base: dict[str, Any], head: dict[str, Any]) -> list[Entry]:
                 "tasks": len(spec.get("tasks") or []),
                 "priorityClassName": spec.get("priorityClassName"),
             }
+            slices = job_slices(spec)
+            if slices is not None:  # a job on GPU slices (docs/gpu-sharing.md)
+                summary["slices"] = slices
             entries.append(Entry(key, "added" if key not in old else "removed", summary=summary))
             continue
         diffs = changed_paths(old[key], new[key])
@@ -437,6 +447,11 @@ def jobs_section(base: dict[str, Any], head: dict[str, Any]) -> list[Entry]:
             if gpus_before != gpus_after:
                 # Before and after in their own columns, like every other change (issue 23 #6).
                 kept.insert(0, Change("GPUs", gpus_before, gpus_after))
+            slices_before = job_slices(old[key].get("spec") or {})
+            slices_after = job_slices(new[key].get("spec") or {})
+            if slices_before != slices_after:
+                whole = "(whole GPUs)"
+                kept.insert(0, Change("slices", slices_before or whole, slices_after or whole))
             entries.append(Entry(key, "changed", kept, more=more))
     return entries
 

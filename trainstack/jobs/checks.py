@@ -12,6 +12,7 @@ from typing import Any
 from trainstack.builders.cache import cache_source_issue
 from trainstack.catalog import allocatable, catalog
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean
+from trainstack.jobs import fractional
 from trainstack.jobs.platform import PlatformView, profile
 from trainstack.jobs.spec import JobSpec, cpu_millis, memory_bytes
 
@@ -55,7 +56,7 @@ def platform_issues(spec: JobSpec, view: PlatformView, stack_team: str | None) -
                 f"{', '.join(names) or 'no GPU pools'}",
             ),
         ]
-    shape = _shape_issues(spec, pool)
+    shape = _shape_issues(spec, view, pool)
     quota = _quota_issues(spec, view, team, pool)
     if any(i.path == "job.spec.workers.gpus" for i in shape):
         # The totals (capability, nodes) follow from a per-replica count no node can hold:
@@ -65,18 +66,22 @@ def platform_issues(spec: JobSpec, view: PlatformView, stack_team: str | None) -
     return [*issues, *shape, *quota, *_storage_issues(spec, view)]
 
 
-def _shape_issues(spec: JobSpec, pool: Mapping[str, Any]) -> list[ConfigIssue]:
-    """Does one replica fit the pool's nodes?"""
+def _shape_issues(spec: JobSpec, view: PlatformView, pool: Mapping[str, Any]) -> list[ConfigIssue]:
+    """Does one replica fit the pool's nodes (a slice of them, on a sliced pool)?"""
     issues: list[ConfigIssue] = []
-    try:
-        profile(pool).resources_for(spec.workers.gpus)
-    except ValueError as err:
-        issues.append(ConfigIssue("job.spec.workers.gpus", f"pool {spec.pool}: {err}"))
+    sliced = bool(fractional.slices(pool))
+    if sliced:
+        issues += fractional.slice_issues(spec, view, pool)
+    else:
+        try:
+            profile(pool).resources_for(spec.workers.gpus)
+        except ValueError as err:
+            issues.append(ConfigIssue("job.spec.workers.gpus", f"pool {spec.pool}: {err}"))
     if "instanceType" not in pool:
         return issues
     node = catalog()[pool["instanceType"]]
     wanted = spec.workers.gpu_memory
-    if wanted is not None and memory_bytes(wanted) > node.gpu_memory_gib * 2**30:
+    if not sliced and wanted is not None and memory_bytes(wanted) > node.gpu_memory_gib * 2**30:
         issues.append(
             ConfigIssue(
                 "job.spec.workers.gpuMemory",
@@ -138,7 +143,12 @@ def _quota_issues(
     # for ever, so the range must fit as the fixed gang does.
     most = spec.workers.scale.max
     total = most * spec.workers.gpus
-    capability = int(sched.get("gpus", {}).get("capability", total))
+    # On a sliced pool the units are slices, a GPU's worth of them per GPU of quota (the
+    # queue's capability names each slice: builders/scheduling.pools_shape).
+    piece = fractional.chosen(spec, pool) if fractional.slices(pool) else None
+    per_gpu, unit = (1, "GPUs") if piece is None else (piece.per_gpu, f"{piece.profile} slices")
+    gpu_capability = int(sched.get("gpus", {}).get("capability", total))
+    capability = gpu_capability * per_gpu
     if total > capability:
         at = "max " if spec.workers.scale.elastic else ""
         fix = (
@@ -147,23 +157,25 @@ def _quota_issues(
             if spec.workers.scale.elastic
             else f"the gang could never start: ask for at most {capability}"
         )
+        of = "" if piece is None else f" ({gpu_capability} GPUs x {per_gpu} per GPU)"
         issues.append(
             ConfigIssue(
                 "job.spec.workers",
-                f"{at}{most} x {spec.workers.gpus} = {total} GPUs exceeds team "
-                f"{spec.team}'s capability of {capability} GPUs (quota deserved + borrowLimit "
-                f"of {spec.team} in the platform stack's registry); {fix}, or ask the "
-                "platform team to raise the quota",
+                f"{at}{most} x {spec.workers.gpus} = {total} {unit} exceeds team "
+                f"{spec.team}'s capability of {capability} {unit}{of} (quota deserved + "
+                f"borrowLimit of {spec.team} in the platform stack's registry); {fix}, or ask "
+                "the platform team to raise the quota",
             )
         )
-    nodes_needed = -(-total // int(pool["gpusPerNode"]))
+    per_node = int(pool["gpusPerNode"]) * per_gpu
+    nodes_needed = -(-total // per_node)
     if nodes_needed > int(pool["maxNodes"]):
-        fits = int(pool["maxNodes"]) * int(pool["gpusPerNode"]) // spec.workers.gpus
+        fits = int(pool["maxNodes"]) * per_node // spec.workers.gpus
         fix = f"; set max to at most {fits}" if spec.workers.scale.elastic else ""
         issues.append(
             ConfigIssue(
                 "job.spec.workers",
-                f"{total} GPUs need {nodes_needed} nodes but pool {spec.pool} has at most "
+                f"{total} {unit} need {nodes_needed} nodes but pool {spec.pool} has at most "
                 f"{pool['maxNodes']}{fix}",
             )
         )

@@ -48,6 +48,7 @@ from typing import Any
 
 from trainstack.config.errors import ConfigIssue, join_path
 from trainstack.contracts import runtime as contract
+from trainstack.slices import WHOLE_GPU_RESOURCE, is_gpu_resource
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,27 @@ def job_gpus(spec: Mapping[str, Any]) -> tuple[int, int]:
             asked += replicas * per_pod
             least += floor * per_pod
     return least, asked
+
+
+def job_slices(spec: Mapping[str, Any]) -> str | None:
+    """The GPU slices a rendered Job's spec asks for at its replicas, as `2 x mig-1g.10gb`
+    (docs/gpu-sharing.md); None for a job of whole GPUs. Tolerant of any plan."""
+    counts: dict[str, int] = {}
+    for task in spec.get("tasks") or []:
+        if not isinstance(task, Mapping):
+            continue
+        replicas = _count(task.get("replicas"))
+        pod = (task.get("template") or {}).get("spec") or {}
+        for container in pod.get("containers") or []:
+            limits = ((container or {}).get("resources") or {}).get("limits") or {}
+            for name, amount in limits.items() if isinstance(limits, Mapping) else ():
+                if is_gpu_resource(str(name)) and name != WHOLE_GPU_RESOURCE:
+                    counts[str(name)] = counts.get(str(name), 0) + replicas * _count(amount)
+    if not counts:
+        return None
+    return ", ".join(
+        f"{n} x {name.removeprefix('nvidia.com/')}" for name, n in sorted(counts.items())
+    )
 
 
 def gpus_label(least: int, asked: int) -> str:

@@ -19,6 +19,7 @@ from trainstack.builders.pools import GPU_TOLERATION, TRAINING_UID
 from trainstack.builders.scheduling import SVC_PLUGIN_ARGS, priority_class_name
 from trainstack.builders.storage import CACHE_DRIVER, CHECKPOINTS_MOUNT
 from trainstack.contracts import runtime as contract
+from trainstack.jobs import fractional
 from trainstack.jobs.checks import cache_source, check
 from trainstack.jobs.elastic import elastic_env
 from trainstack.jobs.lifecycle import (
@@ -211,7 +212,8 @@ def _pod(
         res = spec.parameter_servers.resources
     else:
         res = spec.workers.resources
-        devices = profile(pool).resources_for(gpus)
+        sliced = fractional.devices(spec, pool)
+        devices = sliced if sliced is not None else profile(pool).resources_for(gpus)
         nproc = gpus
     requests = {"cpu": res.cpu, "memory": res.memory, **devices}
     limits = {"cpu": res.cpu_limit, "memory": res.memory_limit, **devices}
@@ -472,6 +474,9 @@ def job_metadata(spec: JobSpec) -> dict[str, Any]:
         "annotations": {
             f"{labels.PREFIX}/max-duration-seconds": str(spec.max_duration_seconds),
             f"{labels.PREFIX}/checkpoint-interval-seconds": str(spec.checkpoint.interval_seconds),
+            # workers.sharedGpus: the shared-gpus rule passes a distributed job on time-shared
+            # GPUs only with it (policy/isolation.py).
+            **fractional.job_annotations(spec),
         },
     }
     return scanner.annotate(metadata, SCANNER_EXCEPTIONS)

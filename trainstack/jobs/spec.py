@@ -60,6 +60,8 @@ class Workers:
     resources: Resources
     gpu_memory: str | None
     scale: WorkerRange  # min == max == replicas unless elastic (jobs/elastic.py)
+    # May a job of several replicas run on time-shared GPUs (jobs/fractional.py)?
+    shared_gpus: bool = False
 
 
 @dataclass(frozen=True)
@@ -352,6 +354,7 @@ def build(doc: Mapping[str, Any], source: str) -> JobSpec:
             resources=_resources(workers),
             gpu_memory=workers.get("gpuMemory"),
             scale=scale,
+            shared_gpus=bool(workers.get("sharedGpus", False)),
         ),
         parameter_servers=(
             ParameterServers(replicas=ps["replicas"], resources=_resources(ps)) if ps else None

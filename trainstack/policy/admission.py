@@ -28,6 +28,8 @@ from trainstack.policy.isolation import (
     PYTORCH_ARG,
     SCHEDULING_KEY_PREFIXES,
     SCHEDULING_KEYS,
+    SHARED_GPUS_ALLOW,
+    SHARED_GPUS_ANNOTATION,
     SVC_PLUGIN_ARGS,
     VOLCANO_SCHEDULER,
 )
@@ -54,6 +56,7 @@ from trainstack.policy.rules import (
     MAX_DURATION_ANNOTATION,
     UPDATE_READS,
 )
+from trainstack.slices import MIG_RESOURCE_PREFIX, SHARED_RESOURCE, WHOLE_GPU_RESOURCE
 
 POLICY_PREFIX = "trainstack-rule-"
 
@@ -262,6 +265,7 @@ def expressions(cfg: Config) -> dict[str, str]:
             "'memory' in c.resources.limits"
         ),
         "own-queue": "has(object.spec.queue) && object.spec.queue == namespaceObject.metadata.name",
+        "shared-gpus": _shared_gpus(),
         "pod-volumes": _pod_volumes(),
         "job-volumes": "!has(object.spec.volumes) || size(object.spec.volumes) == 0",
         "scheduling-keys": _scheduling_keys(),
@@ -293,6 +297,33 @@ def expressions(cfg: Config) -> dict[str, str]:
     }
 
 
+def _shared_gpus() -> str:
+    """isolation.shared_gpus: at most one time-shared GPU per container, and more than one
+    holder in the job only with the Job's annotation. sum() is Kubernetes' CEL lists library
+    (k8s.io/apiserver v0.37.2 pkg/cel/library/lists.go, in every environment since 1.27)."""
+    res = _str(SHARED_RESOURCE)
+    has_it = f"has(c.resources) && has(c.resources.limits) && {res} in c.resources.limits"
+    one = (
+        f"!({has_it}) || (isQuantity(string(c.resources.limits[{res}])) && "
+        f"quantity(string(c.resources.limits[{res}])).compareTo(quantity('1')) <= 0)"
+    )
+    each = (
+        f"t.template.spec.containers.all(c, {one}) && "
+        f"(!has(t.template.spec.initContainers) || t.template.spec.initContainers.all(c, {one}))"
+    )
+    holders_in = (
+        f"size(t.template.spec.containers.filter(c, {has_it})) + "
+        f"(has(t.template.spec.initContainers) ? "
+        f"size(t.template.spec.initContainers.filter(c, {has_it})) : 0)"
+    )
+    holders = (
+        f"object.spec.tasks.map(t, (has(t.replicas) ? int(t.replicas) : 1) * ({holders_in})).sum()"
+    )
+    ann, key = "object.metadata.annotations", _str(SHARED_GPUS_ANNOTATION)
+    allowed = f"(has({ann}) && {key} in {ann} && {ann}[{key}] == {_str(SHARED_GPUS_ALLOW)})"
+    return f"object.spec.tasks.all(t, {each}) && ({allowed} || {holders} <= 1)"
+
+
 def _team_priority() -> str:
     """rules.volcano_scheduled's priority check: the namespace's annotation lists the short
     names of the classes the team may use (builders/platform.team_namespace)."""
@@ -306,8 +337,12 @@ def _team_priority() -> str:
 
 
 def _wants_gpu(p: str) -> str:
-    gpu = _str(GPU_TAINT_KEY)
-    has_gpu = f"has(c.resources) && has(c.resources.limits) && {gpu} in c.resources.limits"
+    """isolation.wants_gpu: a limit on a whole, MIG or time-shared GPU."""
+    gpu = (
+        f"k == {_str(WHOLE_GPU_RESOURCE)} || k == {_str(SHARED_RESOURCE)} || "
+        f"k.startsWith({_str(MIG_RESOURCE_PREFIX)})"
+    )
+    has_gpu = f"has(c.resources) && has(c.resources.limits) && c.resources.limits.exists(k, {gpu})"
     return (
         f"({p}.containers.exists(c, {has_gpu}) || "
         f"(has({p}.initContainers) && {p}.initContainers.exists(c, {has_gpu})))"

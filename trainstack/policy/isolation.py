@@ -16,6 +16,7 @@ from typing import Any
 
 from trainstack.contracts import health
 from trainstack.policy.objects import Config, as_map, as_seq, containers, pods, quantity
+from trainstack.slices import SHARED_RESOURCE, is_gpu_resource
 
 GPU_TAINT_KEY = "nvidia.com/gpu"
 HEALTH_TAINT_KEY = health.TAINT_KEY
@@ -23,8 +24,13 @@ POOL_LABEL = "trainstack.io/pool"  # builders/labels.POOL (config never imports 
 
 
 def wants_gpu(pod: Mapping[str, Any]) -> bool:
+    """A container asks for a GPU: a whole one, a MIG instance or a time-shared one (each
+    lands on a GPU node; Kubernetes requires an extended resource's limit, and requests
+    default to it: core/v1 validation, "must be specified in limits")."""
     return any(
-        GPU_TAINT_KEY in as_map(as_map(c.get("resources")).get("limits")) for c in containers(pod)
+        is_gpu_resource(str(name))
+        for c in containers(pod)
+        for name in as_map(as_map(c.get("resources")).get("limits"))
     )
 
 
@@ -467,4 +473,55 @@ def volcano_scheduled(job: Mapping[str, Any], cfg: Config) -> list[str]:
             found.append(f"task {task}: priorityClassName overrides the job's priority class")
         if pod.get("nodeName", "") != "":
             found.append(f"task {task}: nodeName {pod.get('nodeName')!r} bypasses the scheduler")
+    return found
+
+
+# workers.sharedGpus in a job spec (jobs/fractional.py renders it).
+SHARED_GPUS_ANNOTATION = "trainstack.io/shared-gpus"
+SHARED_GPUS_ALLOW = "allow"
+
+
+def _replicas(task: Mapping[str, Any]) -> int:
+    """A task's pods: Volcano's replicas (absent read as 1, the stricter reading here)."""
+    value = task.get("replicas", 1)
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 1
+
+
+def shared_gpus(job: Mapping[str, Any], cfg: Config) -> list[str]:
+    """Time-shared GPUs (nvidia.com/gpu.shared, docs/gpu-sharing.md): a container asks for
+    one at most, since a second replica of one GPU adds no compute and the device plugin would
+    fail the pod only at the kubelet (k8s-device-plugin v0.18.2 internal/rm/rm.go,
+    failRequestsGreaterThanOne); and a job holds more than one only if its Job says so
+    (trainstack.io/shared-gpus: allow, from workers.sharedGpus): processes taking turns on a
+    GPU make NCCL fail or crawl. The resource name is what the device plugin advertises on
+    time-shared nodes only, so it cannot be dodged by a node selector: a pod asking for
+    nvidia.com/gpu never lands on them."""
+    del cfg
+    found: list[str] = []
+    holders = 0
+    for raw in as_seq(as_map(job.get("spec")).get("tasks")):
+        task = as_map(raw)
+        name = str(task.get("name", "?"))
+        pod = as_map(as_map(task.get("template")).get("spec"))
+        for c in containers(pod):
+            limit = as_map(as_map(c.get("resources")).get("limits")).get(SHARED_RESOURCE)
+            if limit is None:
+                continue
+            try:
+                amount = quantity(limit)
+            except ValueError:
+                amount = float("inf")
+            if amount > 1:
+                found.append(
+                    f"task {name}: container {c.get('name', '?')} asks for {limit} "
+                    f"{SHARED_RESOURCE}; at most 1 (a second share of a GPU adds no compute)"
+                )
+            holders += _replicas(task)
+    annotations = as_map(as_map(job.get("metadata")).get("annotations"))
+    if holders > 1 and annotations.get(SHARED_GPUS_ANNOTATION) != SHARED_GPUS_ALLOW:
+        found.append(
+            f"{holders} containers ask for time-shared GPUs ({SHARED_RESOURCE}) without "
+            f"{SHARED_GPUS_ANNOTATION}: {SHARED_GPUS_ALLOW} on the Job: NCCL across processes "
+            "that take turns on a GPU fails or crawls"
+        )
     return found

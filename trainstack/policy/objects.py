@@ -16,8 +16,14 @@ from typing import Any, Literal
 Level = Literal["advisory", "mandatory", "disabled"]
 VOLCANO_JOB = "kubernetes:batch.volcano.sh/v1alpha1:Job"
 ADDON = "aws:eks/addon:Addon"
-DEVICE_RESOURCES = ("nvidia.com/gpu", "vpc.amazonaws.com/efa", "hugepages-2Mi")
-DEVICE_PREFIXES = ("rdma/",)
+# Whole, MIG and time-shared GPUs (trainstack/slices.py), EFA, hugepages and RDMA devices.
+DEVICE_RESOURCES = (
+    "nvidia.com/gpu",
+    "nvidia.com/gpu.shared",
+    "vpc.amazonaws.com/efa",
+    "hugepages-2Mi",
+)
+DEVICE_PREFIXES = ("rdma/", "nvidia.com/mig-")
 
 
 @dataclass(frozen=True)

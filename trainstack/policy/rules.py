@@ -30,6 +30,7 @@ from trainstack.policy.isolation import (
     own_queue,
     pod_volumes,
     scheduling_keys,
+    shared_gpus,
     volcano_scheduled,
 )
 from trainstack.policy.objects import (
@@ -250,6 +251,9 @@ UPDATE_READS = {
     # (Volcano's update webhook never looks at it, admit_job.go validateJobUpdate): every
     # UPDATE is judged.
     "scheduling-keys": "always",
+    # Replicas change in place (an elastic job's resize) and so may the annotation: judged on
+    # every UPDATE, like scheduling-keys.
+    "shared-gpus": "always",
     "job-volumes": "volumes",
     "job-plugins": "plugins",
 }  # the others read only the task templates
@@ -308,6 +312,12 @@ K8S_RULES: tuple[Rule, ...] = (
          "taint",
          "remove the toleration: tolerate nvidia.com/gpu by its key (the job layer does)",
          (VOLCANO_JOB,), health_gate),
+    Rule("shared-gpus",
+         "a container asks for one time-shared GPU (nvidia.com/gpu.shared) at most, and a job "
+         "holds several only with trainstack.io/shared-gpus: allow",
+         "use one replica on a time-shared pool, a MIG or whole-GPU pool for distributed "
+         "jobs, or set workers.sharedGpus: true in the job spec if it does not use NCCL",
+         (VOLCANO_JOB,), shared_gpus),
     Rule("own-queue", "a job uses its own team's queue",
          "submit to the queue named like your team namespace", (VOLCANO_JOB,), own_queue),
     Rule("volcano-scheduled", "a job's pods are scheduled by Volcano in its queue",

@@ -14,13 +14,16 @@ from typing import Any
 from trainstack.builders.fabric import GPU_RESOURCE, HUGEPAGES_RESOURCE
 from trainstack.builders.pools import (
     GPU_TAINT,
+    MIG_STATE_LABEL,
     fabric_profile,
+    gpu_resources_per_node,
     gpus_per_node,
     instance_of,
     max_nodes,
     node_labels,
+    sharing_node_labels,
 )
-from trainstack.config.model import GpuPool, NewVpc, PlatformConfig
+from trainstack.config.model import GpuPool, MigSharing, NewVpc, PlatformConfig
 from trainstack.config.topology import EC2_TOPOLOGY_LAYERS, EKS_LAYER_LABELS
 from trainstack.sandbox.cluster import KWOK_ANNOTATION
 
@@ -59,7 +62,7 @@ def _aws_node(cfg: PlatformConfig, pool: GpuPool, index: int) -> dict[str, Any]:
         "memory": f"{memory_mi}Mi",
         "pods": str(MAX_PODS),
         "ephemeral-storage": "500Gi",
-        GPU_RESOURCE: str(instance.gpus),
+        **{name: str(count) for name, count in gpu_resources_per_node(pool).items()},
         **{name: str(count) for name, count in profile.devices_per_node.items()},
     }
     if hugepages_mi:
@@ -76,6 +79,7 @@ def _aws_node(cfg: PlatformConfig, pool: GpuPool, index: int) -> dict[str, Any]:
         name,
         {
             **node_labels(cfg, pool),
+            **_mig_state(pool),
             "node.kubernetes.io/instance-type": instance.name,
             "topology.kubernetes.io/zone": zone,
             **network_labels(instance.name, zone, pool.name),
@@ -120,14 +124,22 @@ def _existing_node(pool: GpuPool, index: int) -> dict[str, Any]:
         "memory": f"{existing.memory_gib_per_node}Gi",
         "pods": str(MAX_PODS),
         "ephemeral-storage": "500Gi",
-        GPU_RESOURCE: str(existing.gpus_per_node),
+        **{name: str(count) for name, count in gpu_resources_per_node(pool).items()},
     }
     if existing.rdma is not None:
         # The RDMA shared device plugin advertises rdmaHcaMax devices per node
-        # (builders/pools.nic_cluster_policy sets 63).
+        # (builders/device_plugins.nic_cluster_policy sets 63).
         capacity[existing.rdma.resource] = "63"
     capacity |= {name: str(count) for name, count in profile.devices_per_node.items()}
-    return _node(f"{pool.name}-{index}", dict(existing.node_selector), [], capacity, dict(capacity))
+    # On existing nodes the owners set the sharing labels (docs/gpu-sharing.md).
+    node_labels_ = {**dict(existing.node_selector), **sharing_node_labels(pool), **_mig_state(pool)}
+    return _node(f"{pool.name}-{index}", node_labels_, [], capacity, dict(capacity))
+
+
+def _mig_state(pool: GpuPool) -> dict[str, str]:
+    """What the MIG manager reports once it has applied the layout (mig-parted v0.14.0
+    deployments/container/reconfigure-mig.sh): the sandbox's nodes are born partitioned."""
+    return {MIG_STATE_LABEL: "success"} if isinstance(pool.sharing, MigSharing) else {}
 
 
 def _node(

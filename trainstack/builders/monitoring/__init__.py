@@ -108,7 +108,7 @@ def monitoring_output(cfg: PlatformConfig) -> dict[str, Any]:
     return {
         "namespace": NAMESPACE,
         "charts": {k: v["version"] for k, v in CHARTS.items()},
-        "dcgmExporter": "trainstack" if dcgm_enabled_here(cfg) else "gpu-operator",
+        "dcgmExporter": "trainstack" if dcgm_enabled_here(cfg) else None,
         "alerts": sorted(r["alert"] for r in alert_rules(cfg)),
         "receivers": [r.name for r in cfg.monitoring.receivers],
         "jobAnnotations": [MAX_DURATION_ANNOTATION, CHECKPOINT_INTERVAL_ANNOTATION],

@@ -3,11 +3,13 @@ label keys, the accounting interval, and object metadata."""
 
 from __future__ import annotations
 
+import re
+from fractions import Fraction
 from typing import Any, Final
 
 from trainstack.builders import labels
 from trainstack.builders.platform import namespace
-from trainstack.builders.pools import CAPACITY, GPU_PRESENT_LABEL
+from trainstack.builders.pools import CAPACITY, GPU_PRESENT_LABEL, pool_slices
 from trainstack.config.model import PlatformConfig
 from trainstack.config.monitoring import MONITORING_NAMESPACE
 
@@ -62,6 +64,32 @@ RUNNING_PODS: Final = 'max by (namespace, pod) (kube_pod_status_phase{phase="Run
 GPU_REQUESTS: Final = 'kube_pod_container_resource_requests{resource="nvidia_com_gpu"}'
 
 
+def ksm_resource(name: str) -> str:
+    """A resource name as kube-state-metrics writes it in its `resource` label: every
+    character outside [a-zA-Z0-9_] as `_` (SanitizeLabelName; nvidia.com/gpu is nvidia_com_gpu,
+    nvidia.com/mig-1g.10gb nvidia_com_mig_1g_10gb)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def gpu_equivalents(metric: str, cfg: PlatformConfig) -> str:
+    """`metric` (a kube-state-metrics series by resource) in GPUs: whole GPUs, and each slice
+    the pools offer weighted by its share of a GPU's compute (a 1g MIG instance 1/7, a
+    time-shared replica 1/replicas), so GPU-hours, cost and idle GPUs count slices as the
+    part of a GPU they are (docs/gpu-sharing.md)."""
+    weights: dict[str, Fraction] = {}
+    for pool in cfg.gpu_pools:
+        for s in pool_slices(pool):
+            # One weight per resource: the loader holds time-shared pools to one replica
+            # count (config/sharing.py), and a MIG profile is the same share everywhere.
+            weights[s.resource] = s.compute_share
+    terms = [f'{metric}{{resource="nvidia_com_gpu"}}']
+    terms += [
+        f'{metric}{{resource="{ksm_resource(name)}"}}{_times(w)}'
+        for name, w in sorted(weights.items())
+    ]
+    return terms[0] if len(terms) == 1 else "(" + " or ".join(terms) + ")"
+
+
 def object_meta(cfg: PlatformConfig, name: str, ns: str) -> dict[str, Any]:
     return {"name": name, "namespace": ns, "labels": labels.base_labels(cfg.stack)}
 
@@ -111,3 +139,41 @@ def constant_vector(rows: list[tuple[dict[str, str], str]]) -> str:
             expr = f'label_replace({expr}, "{key}", "{label_value}", "", "")'
         parts.append(expr)
     return " or ".join(parts)
+
+
+def gpu_utilisation(cfg: PlatformConfig, *, in_gpus: bool, assigned: bool = True) -> str:
+    """Per pod and device, how busy its GPUs are: in percent of the device (in_gpus False),
+    or in GPUs used (True: a slice's activity times its share of the GPU).
+
+    dcgm-exporter labels a MIG instance's series with GPU_I_PROFILE and GPU_I_ID (4.5.3-4.8.2
+    internal/pkg/rendermetrics/render_metrics.go), and DCGM_FI_DEV_GPU_UTIL is not reported
+    for MIG instances ("not supported for MIG configurations. ... Use
+    DCGM_FI_PROF_GR_ENGINE_ACTIVE", NVIDIA/dcgm-exporter#430, #50): a MIG instance's activity
+    is its graphics engine's, a ratio of its own time. A whole GPU's series has no
+    GPU_I_PROFILE (matched by =""). `assigned`: only devices a pod holds (pod!="")."""
+    pod = 'pod!="",' if assigned else ""
+    whole = f'DCGM_FI_DEV_GPU_UTIL{{{pod}GPU_I_PROFILE=""}}'
+    whole = f"{whole} / 100" if in_gpus else whole
+    profiles = sorted(
+        {
+            (s.profile, s.compute_share)
+            for pool in cfg.gpu_pools
+            for s in pool_slices(pool)
+            if s.isolated
+        }
+    )
+    if not profiles:
+        return whole
+    terms = [
+        f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{pod}GPU_I_PROFILE="{profile}"}}'
+        f"{_times(share if in_gpus else Fraction(100))}"
+        for profile, share in profiles
+    ]
+    return "(" + " or ".join([whole, *terms]) + ")"
+
+
+def _times(w: Fraction) -> str:
+    """`* n / d`, exactly as PromQL's float division gives it (no rounded decimal)."""
+    return (f" * {w.numerator}" if w.numerator != 1 else "") + (
+        f" / {w.denominator}" if w.denominator != 1 else ""
+    )

@@ -9,19 +9,22 @@ from typing import Any
 from trainstack.builders.monitoring.common import (
     ACCOUNTING_INTERVAL_S,
     CRITICAL_XIDS,
-    GPU_REQUESTS,
     JOB_KEYS,
     LEVELS,
     MAX_DURATION_ANNOTATION,
     NAMESPACE,
     RUNNING_PODS,
     constant_vector,
+    gpu_equivalents,
+    gpu_utilisation,
     object_meta,
 )
 from trainstack.builders.monitoring.common import alert_rule as _alert
 from trainstack.builders.monitoring.fairness import fairness_rules
 from trainstack.builders.monitoring.health import health_alerts
 from trainstack.config.model import PlatformConfig
+
+REQUESTS = "kube_pod_container_resource_requests"
 
 
 def _label_join(series: str, mapping: list[tuple[str, str]]) -> str:
@@ -31,7 +34,7 @@ def _label_join(series: str, mapping: list[tuple[str, str]]) -> str:
     return expr
 
 
-def label_rules() -> list[dict[str, Any]]:
+def label_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
     """Join tables: trainstack labels of pods and nodes, GPU requests and allocatable."""
     pod_labels = _label_join(
         'kube_pod_labels{label_trainstack_io_job!=""}',
@@ -63,11 +66,13 @@ def label_rules() -> list[dict[str, Any]]:
         },
         {
             "record": "node:trainstack_gpus_allocatable:max",
-            "expr": 'max by (node) (kube_node_status_allocatable{resource="nvidia_com_gpu"})',
+            # In GPUs: a node cut into slices offers its slices' shares (common.py).
+            "expr": f"sum by (node) ({gpu_equivalents('kube_node_status_allocatable', cfg)})",
         },
         {
             "record": "node:trainstack_gpus_allocated:sum",
-            "expr": f"sum by (node) ({GPU_REQUESTS} * on (namespace, pod) group_left () "
+            "expr": f"sum by (node) ({gpu_equivalents(REQUESTS, cfg)} * on (namespace, pod) "
+            "group_left () "
             f"{RUNNING_PODS})",
         },
     ]
@@ -89,13 +94,14 @@ def accounting_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
     rules: list[dict[str, Any]] = [
         {
             "record": "namespace_pod:trainstack_gpus_allocated:sum",
-            "expr": f"(sum by (namespace, pod, node) ({GPU_REQUESTS}) * on (namespace, pod) "
+            "expr": f"(sum by (namespace, pod, node) ({gpu_equivalents(REQUESTS, cfg)}) * on "
+            "(namespace, pod) "
             f"group_left () {RUNNING_PODS}) * on (namespace, pod) group_left (team, queue, "
             "job_name, pool) namespace_pod:trainstack_job_labels:info",
         },
         {
             "record": "namespace_pod:trainstack_gpus_used:sum",
-            "expr": '(sum by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=""}) / 100) '
+            "expr": f"(sum by (namespace, pod) ({gpu_utilisation(cfg, in_gpus=True)})) "
             "* on (namespace, pod) group_left (node, team, queue, job_name, pool) "
             "(namespace_pod:trainstack_gpus_allocated:sum > bool 0)",
         },
@@ -236,7 +242,7 @@ def alert_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
         _alert(
             runbook,
             "TrainstackGpuAllocatedIdle",
-            f'avg by ({JOB_KEYS}) (DCGM_FI_DEV_GPU_UTIL{{pod!=""}} * on (namespace, pod) '
+            f"avg by ({JOB_KEYS}) ({gpu_utilisation(cfg, in_gpus=False)} * on (namespace, pod) "
             "group_left (team, queue, job_name) namespace_pod:trainstack_job_labels:info) "
             f"< {t.gpu_idle_utilization_percent:g}",
             t.gpu_idle_minutes,
@@ -391,7 +397,7 @@ def rule_groups(cfg: PlatformConfig) -> list[dict[str, Any]]:
     """Plain Prometheus rule groups (what `promtool check rules` reads)."""
     interval = f"{ACCOUNTING_INTERVAL_S}s"
     groups = [
-        {"name": "trainstack-labels", "interval": interval, "rules": label_rules()},
+        {"name": "trainstack-labels", "interval": interval, "rules": label_rules(cfg)},
         {"name": "trainstack-accounting", "interval": interval, "rules": accounting_rules(cfg)},
     ]
     fairness = fairness_rules(cfg)

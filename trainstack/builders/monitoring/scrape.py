@@ -43,7 +43,6 @@ def service_monitors(cfg: PlatformConfig) -> list[dict[str, Any]]:
     node = {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
     monitors: list[dict[str, Any]] = []
     if cfg.gpu_pools:
-        operator = cfg.gpu_device_plugin == "gpu-operator"
         # honorLabels: dcgm-exporter's own namespace/pod/container labels name the pod
         # that uses the GPU, not the exporter; accounting joins on them.
         monitors.append(
@@ -53,20 +52,12 @@ def service_monitors(cfg: PlatformConfig) -> list[dict[str, Any]]:
                 "metadata": object_meta(cfg, "trainstack-dcgm-exporter", NAMESPACE),
                 "spec": {
                     "namespaceSelector": {
-                        "matchNames": [
-                            cfg.addon_namespace("gpu-operator", SYSTEM_NAMESPACE)
-                            if operator
-                            else cfg.addon_namespace("dcgm-exporter", NAMESPACE)
-                        ]
+                        "matchNames": [cfg.addon_namespace("dcgm-exporter", NAMESPACE)]
                     },
-                    "selector": {
-                        "matchLabels": {"app": "nvidia-dcgm-exporter"}
-                        if operator
-                        else {"app.kubernetes.io/name": "dcgm-exporter"}
-                    },
+                    "selector": {"matchLabels": {"app.kubernetes.io/name": "dcgm-exporter"}},
                     "endpoints": [
                         {
-                            "port": "gpu-metrics" if operator else "metrics",
+                            "port": "metrics",
                             "path": "/metrics",
                             "interval": "15s",
                             "honorLabels": True,

@@ -297,8 +297,11 @@ def kps_values(cfg: PlatformConfig) -> dict[str, Any]:
 
 
 def dcgm_enabled_here(cfg: PlatformConfig) -> bool:
-    """trainstack installs dcgm-exporter unless the GPU operator already runs its own."""
-    return bool(cfg.gpu_pools) and cfg.gpu_device_plugin != "gpu-operator"
+    """trainstack installs dcgm-exporter wherever there are GPU pools, with the GPU operator
+    too (whose own exporter it turns off, builders/device_plugins.gpu_operator_values): one
+    exporter, with trainstack's counters (the MIG rules need DCGM_FI_PROF_GR_ENGINE_ACTIVE)
+    and on the node's network for the runtime's hardware evidence (issue 22)."""
+    return bool(cfg.gpu_pools)
 
 
 def dcgm_values(cfg: PlatformConfig) -> dict[str, Any]:
