@@ -24,7 +24,9 @@ from tests.conftest import ROOT
 from tests.e2e import jobs
 from tests.e2e.conftest import Deployed, deploy_stack
 from trainstack.config import ConfigError
-from trainstack.kube import ApiError
+from trainstack.explain import Diagnosis, Reason, diagnose
+from trainstack.explain.read import Reader, platform_facts, read_live
+from trainstack.kube import ApiError, wait_for
 from trainstack.preview.engine import Previewer, Project
 from trainstack.sandbox.cluster import ControlPlane
 
@@ -115,6 +117,14 @@ def slices_held(platform: Deployed) -> int:
     return total
 
 
+def explained(platform: Deployed, job: dict[str, Any]) -> Diagnosis:
+    """`trainstack explain` as the platform team runs it (a member's Role reads no queues)."""
+    meta = job["metadata"]
+    reader = Reader(platform.kube, None)
+    live = read_live(reader, meta["namespace"], meta["name"])
+    return diagnose(live, platform_facts(platform.plan.outputs, meta["namespace"]))
+
+
 def test_the_seed_job_binds_to_mig_slices(sliced: Deployed) -> None:
     """The seed example on the MIG pool asks for one 1g.10gb instance per replica and binds
     to nodes that advertise it; the queue's capability names the slice."""
@@ -146,6 +156,18 @@ def test_the_queue_caps_its_slices(sliced: Deployed) -> None:
     jobs.submit(sliced, second)
     assert jobs.stays_unscheduled(sliced, second, seconds=15) == []
     assert slices_held(sliced) == 5
+    # `trainstack explain`, as a member of tiny reads it, counts the job's own slice.
+    why = wait_for(
+        "explain names the slice quota",
+        lambda: (
+            d if (d := explained(sliced, second)).reason == Reason.QUEUE_AT_CAPABILITY else None
+        ),
+        timeout=30,
+    )
+    assert why.summary == (
+        "tiny/three waits: queue tiny is at its capability (5 of 7 nvidia.com/mig-1g.10gb in "
+        "use, the gang needs 3 more)"
+    ), why
     free = 4 * 7 - 5
     assert free >= 3, "the pool has room: only the queue stops it"
     jobs.delete(sliced, first)

@@ -5,6 +5,7 @@ The same reasons on the real control plane: tests/e2e/test_explain.py.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from typing import Any
 
@@ -252,3 +253,41 @@ def test_one_node_is_one_node() -> None:
     message = o.GANG_INSUFFICIENT.replace("8 Insufficient", "1 Insufficient")
     found = diagnose(_live(podgroup=o.podgroup(message)), o.PLATFORM)
     assert found.summary.endswith("(short: nvidia.com/gpu on 1 node)")
+
+
+MIG = "nvidia.com/mig-1g.10gb"
+
+
+def on_slices(obj: dict[str, Any], count: int) -> dict[str, Any]:
+    """A job, PodGroup or queue whose GPUs are `count` MIG instances instead (issue 47)."""
+    sliced = copy.deepcopy(obj)
+    for task in sliced.get("spec", {}).get("tasks") or []:
+        resources = task["template"]["spec"]["containers"][0]["resources"]
+        for side in ("requests", "limits"):
+            resources[side].pop(o.GPU, None)
+            resources[side][MIG] = "1"
+    if "minResources" in sliced.get("spec", {}):
+        sliced["spec"]["minResources"] = {MIG: str(count)}
+    return sliced
+
+
+def test_a_slice_job_at_its_queues_slice_capability() -> None:
+    """The queue holds 5 of its 7 slices and the gang needs 3: the answer counts slices, not
+    the whole GPUs the queue has room for."""
+    vision = copy.deepcopy(next(q for q in o.queues() if q["metadata"]["name"] == "vision"))
+    vision["spec"]["capability"][MIG] = "7"
+    vision["status"]["allocated"] = {MIG: "5"}
+    queues = tuple(vision if q["metadata"]["name"] == "vision" else q for q in o.queues())
+    live = _live(
+        job=on_slices(o.job(replicas=3), 3),
+        podgroup=on_slices(o.podgroup(o.GANG_NO_ORIGIN), 3),
+        queues=queues,
+        nodes=NODES,
+        node_pods=(),
+    )
+    found = diagnose(live)
+    assert found.reason == Reason.QUEUE_AT_CAPABILITY
+    assert found.summary == (
+        "vision/train waits: queue vision is at its capability (5 of 7 nvidia.com/mig-1g.10gb "
+        "in use, the gang needs 3 more)"
+    )
