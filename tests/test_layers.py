@@ -22,7 +22,8 @@ PACKAGE = ROOT / "trainstack"
 # Lowest first. A name is a subpackage or a module directly under trainstack/.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("contracts",),  # what the images share with the platform: standard library only
-    ("config", "catalog", "slices", "yamlio", "outputs", "data", "schemas"),  # the model, its checks
+    # the model and its checks (slices: the MIG catalog beside the instance catalog)
+    ("config", "catalog", "slices", "yamlio", "outputs", "data", "schemas"),
     ("builders",),  # pure functions: config -> manifests and AWS inputs
     ("policy",),  # the rules over what the builders make
     ("jobs", "documents"),  # job specs rendered against a platform

@@ -20,7 +20,15 @@ from trainstack.catalog import catalog
 from trainstack.config import ConfigError
 from trainstack.config.loader import parse_stack_config
 from trainstack.config.model import PlatformConfig
-from trainstack.slices import mig_catalog, mig_gpu, mig_slices, smallest_fit, time_slices
+from trainstack.slices import (
+    Slice,
+    is_gpu_resource,
+    mig_catalog,
+    mig_gpu,
+    mig_slices,
+    smallest_fit,
+    time_slices,
+)
 
 # GPU -> {profile: (compute slices of 7, max per GPU)}; memory is the name's.
 PROFILES: dict[str, dict[str, tuple[int, int]]] = {
@@ -300,3 +308,53 @@ def test_a_time_shared_pool_gets_its_device_plugin_config() -> None:
     # The plugin's config does not change the whole-GPU pools' default.
     plain = dataclasses.replace(cfg, gpu_pools=(dataclasses.replace(pool, sharing=None),))
     assert "config" not in device_plugins.nvidia_device_plugin_values(plain)
+
+
+@pytest.mark.parametrize("gpu", sorted(PROFILES))
+def test_slices_carry_their_share_and_survive_the_stack_output(gpu: str) -> None:
+    """What a pool exports to team stacks (Slice.to_json, builders/pools.pool_output) reads
+    back as the same slice (jobs/fractional.py), and each MIG slice's compute share is its
+    profile's slices of 7."""
+    mig = mig_catalog()[gpu]
+    assert mig.profile("no-such-profile") is None
+    for layout in mig.layouts():
+        for s in mig_slices(mig, layout):
+            assert s.compute_share == Fraction(PROFILES[gpu][s.profile][0], 7)
+            assert s.resource == f"nvidia.com/mig-{s.profile}"
+            assert s.isolated
+            doc = s.to_json()
+            assert set(doc) == {
+                "resource",
+                "profile",
+                "perGpu",
+                "computeShare",
+                "memoryGB",
+                "isolated",
+            }
+            assert Slice.from_json(doc) == s
+    shared = time_slices(4, None)[0]
+    assert Slice.from_json(shared.to_json()) == shared
+
+
+def test_a_request_of_exactly_the_slices_memory_fits() -> None:
+    """The name's size in decimal GB is what a replica may count on, inclusive."""
+    [one] = mig_slices(mig_catalog()["H100-80GB"], "all-1g.10gb")
+    assert smallest_fit((one,), 10 * 10**9) == one
+    assert smallest_fit((one,), 10 * 10**9 + 1) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "is_gpu"),
+    [
+        ("nvidia.com/gpu", True),
+        ("nvidia.com/gpu.shared", True),
+        ("nvidia.com/mig-1g.10gb", True),
+        ("nvidia.com/mig-3g.40gb", True),
+        ("vpc.amazonaws.com/efa", False),
+        ("hugepages-2Mi", False),
+        ("nvidia.com/gpus", False),
+        ("cpu", False),
+    ],
+)
+def test_what_counts_as_a_gpu(name: str, is_gpu: bool) -> None:
+    assert is_gpu_resource(name) is is_gpu

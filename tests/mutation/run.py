@@ -77,6 +77,9 @@ MODULES = {
         ("tests/jobs/test_render.py", "tests/jobs/test_topology.py", "tests/jobs/test_rdma.py"),
     ),
     "fabric": Module("trainstack/builders/fabric.py", ("tests/builders/test_fabric.py",)),
+    # Issue 47: the MIG catalog and slice arithmetic, and a job's slice on a sliced pool.
+    "slices": Module("trainstack/slices.py", ("tests/config/test_gpu_sharing.py",)),
+    "fractional": Module("trainstack/jobs/fractional.py", ("tests/jobs/test_fractional.py",)),
 }
 # What the tests read besides trainstack/ and tests/ (mutmut copies these into mutants/).
 ALSO_COPY = ("stacks", "job_specs", "policies", "images", "Pulumi.yaml", "__main__.py")
