@@ -77,4 +77,17 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "range(1, n + 2)",
         "n % (n + 1) == n, never 0 for a node's GPU count (at least 1), so n + 1 is never listed",
     ),
+    Equivalent(
+        "trainstack/slices.py",
+        "MigGpu.layouts",
+        'assert profile is not None, "XXmig_catalog checks balanced namesXX"',
+        "the wording of an assertion that never fires: mig_catalog refuses a balanced layout "
+        "naming a profile the GPU has not",
+    ),
+    Equivalent(
+        "trainstack/slices.py",
+        "MigGpu.layouts",
+        'assert profile is not None, "MIG_CATALOG CHECKS BALANCED NAMES"',
+        "the wording of an assertion that never fires (as above)",
+    ),
 )
