@@ -62,7 +62,7 @@ def sharing_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
                 )
             if isinstance(count, int):
                 replicas.setdefault(count, pool["name"])
-    issues += _one_team(doc, root, shared)
+    issues += _one_team(doc, shared)
     return issues
 
 
@@ -133,7 +133,7 @@ def _mig_issues(
     return issues
 
 
-def _one_team(doc: Mapping[str, Any], root: str, shared: dict[str, str]) -> list[ConfigIssue]:
+def _one_team(doc: Mapping[str, Any], shared: dict[str, str]) -> list[ConfigIssue]:
     """A time-shared GPU shares memory and faults between its processes (device plugin
     v0.18.2 README, "With CUDA Time-Slicing"), so only one team's jobs may reach it: exactly
     one team lists the pool, and every other team lists its pools (no list is every pool)."""
@@ -162,7 +162,6 @@ def _one_team(doc: Mapping[str, Any], root: str, shared: dict[str, str]) -> list
                     f"use pool {pool}, but {', '.join(users)} may{fix}",
                 )
             )
-    del root
     return issues
 
 
