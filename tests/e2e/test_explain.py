@@ -209,9 +209,10 @@ def test_queue_at_its_capability(clean: Deployed) -> None:
 
 
 def test_group_queue_at_its_capability(clean: Deployed) -> None:
-    """nlp borrows up to its capability (72) and vision holds 48: group-research is at the 120
-    GPUs Volcano lets it use (its capability less group-product's guarantee), though vision
-    itself is below its own (64) and h200-burst has a free node."""
+    """nlp borrows up to its capability (72) and vision holds 48: group-research holds 120 of
+    the 124 GPUs Volcano lets it use (its capability, 132 with prod's h100-slices, less
+    group-product's guarantee of 8), too few for an 8-GPU gang, though vision itself is below
+    its own (64) and h200-burst has a free node."""
     _run(
         clean,
         _job(clean, "explain-nlp-block", pool="h100-block", replicas=8, team="nlp"),
@@ -224,7 +225,7 @@ def test_group_queue_at_its_capability(clean: Deployed) -> None:
     found = _says(clean, job, Reason.PARENT_AT_CAPABILITY)
     assert found.summary == (
         "vision/explain-over-group waits: queue group-research, above the team's queue vision, "
-        "is at its capability (120 of 120 GPUs in use, the gang needs 8 more)"
+        "is at its capability (120 of 124 GPUs in use, the gang needs 8 more)"
     )
     assert "queue nlp: 72 GPUs, 16 above its deserved 56" in found.details
     assert "queue vision: 48 GPUs, 8 above its deserved 40" in found.details
