@@ -137,11 +137,11 @@ def gpu_operator_values(cfg: PlatformConfig) -> dict[str, Any]:
         # pod's): with the health gate on, the gate's taint too, or a gated node would never
         # get its GPUs advertised or its MIG layout applied, so never pass its checks.
         "daemonsets": {"tolerations": gpu_daemon_tolerations(cfg)},
+        # trainstack runs its own dcgm-exporter with the GPU operator too (monitoring/values.py
+        # dcgm_enabled_here); the operator's, on by default (v26.3.0 values.yaml
+        # dcgmExporter.enabled), would be a second one without trainstack's counters.
+        "dcgmExporter": {"enabled": False},
     }
-    # trainstack runs its own dcgm-exporter with the GPU operator too (monitoring/values.py
-    # dcgm_enabled_here); the operator's, on by default (v26.3.0 values.yaml
-    # dcgmExporter.enabled), would be a second one without trainstack's counters.
-    values["dcgmExporter"] = {"enabled": False}
     if cfg.gpu_device_list_strategy == "volume-mounts":
         values["devicePlugin"] = {
             "env": [{"name": "DEVICE_LIST_STRATEGY", "value": "volume-mounts"}]
@@ -201,14 +201,7 @@ def nic_cluster_policy(cfg: PlatformConfig) -> dict[str, Any]:
                 "selectors": {"ifNames": list(rdma.interfaces)},
             }
         )
-        terms.append(
-            {
-                "matchExpressions": [
-                    {"key": key, "operator": "In", "values": [value]}
-                    for key, value in pool.existing.node_selector
-                ]
-            }
-        )
+        terms.append(_term(list(pool.existing.node_selector)))
     return {
         "apiVersion": "mellanox.com/v1alpha1",
         "kind": "NicClusterPolicy",

@@ -42,7 +42,7 @@ spec's checks and for the rendered Volcano Job.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,12 +140,10 @@ def _count(value: object) -> int:
         return 0
 
 
-def job_gpus(spec: Mapping[str, Any]) -> tuple[int, int]:
-    """(least, asked): the GPUs of a rendered Volcano Job's spec at its tasks' minAvailable
-    (the gang Volcano starts it with, which reclaim leaves while the job runs) and at their
-    replicas.
-    Equal for a gang job. Tolerant of any plan: what is not a count counts 0."""
-    least = asked = 0
+def _container_resources(spec: Mapping[str, Any]) -> Iterator[tuple[int, int, Mapping[str, Any]]]:
+    """(replicas, minAvailable, resources) of every container of a rendered Volcano Job's
+    spec, one walk for job_gpus and job_slices. Tolerant of any plan: what is not a count
+    counts 0, what is not a mapping is skipped."""
     for task in spec.get("tasks") or []:
         if not isinstance(task, Mapping):
             continue
@@ -154,15 +152,23 @@ def job_gpus(spec: Mapping[str, Any]) -> tuple[int, int]:
         floor = replicas if minimum is None else _count(minimum)
         pod = (task.get("template") or {}).get("spec") or {}
         for container in pod.get("containers") or []:
-            if not isinstance(container, Mapping):
-                continue
-            resources = container.get("resources") or {}
-            per_pod = _count(
-                (resources.get("limits") or {}).get("nvidia.com/gpu")
-                or (resources.get("requests") or {}).get("nvidia.com/gpu")
-            )
-            asked += replicas * per_pod
-            least += floor * per_pod
+            if isinstance(container, Mapping):
+                yield replicas, floor, container.get("resources") or {}
+
+
+def job_gpus(spec: Mapping[str, Any]) -> tuple[int, int]:
+    """(least, asked): the GPUs of a rendered Volcano Job's spec at its tasks' minAvailable
+    (the gang Volcano starts it with, which reclaim leaves while the job runs) and at their
+    replicas.
+    Equal for a gang job. Tolerant of any plan: what is not a count counts 0."""
+    least = asked = 0
+    for replicas, floor, resources in _container_resources(spec):
+        per_pod = _count(
+            (resources.get("limits") or {}).get("nvidia.com/gpu")
+            or (resources.get("requests") or {}).get("nvidia.com/gpu")
+        )
+        asked += replicas * per_pod
+        least += floor * per_pod
     return least, asked
 
 
@@ -170,16 +176,11 @@ def job_slices(spec: Mapping[str, Any]) -> str | None:
     """The GPU slices a rendered Job's spec asks for at its replicas, as `2 x mig-1g.10gb`
     (docs/gpu-sharing.md); None for a job of whole GPUs. Tolerant of any plan."""
     counts: dict[str, int] = {}
-    for task in spec.get("tasks") or []:
-        if not isinstance(task, Mapping):
-            continue
-        replicas = _count(task.get("replicas"))
-        pod = (task.get("template") or {}).get("spec") or {}
-        for container in pod.get("containers") or []:
-            limits = ((container or {}).get("resources") or {}).get("limits") or {}
-            for name, amount in limits.items() if isinstance(limits, Mapping) else ():
-                if is_gpu_resource(str(name)) and name != WHOLE_GPU_RESOURCE:
-                    counts[str(name)] = counts.get(str(name), 0) + replicas * _count(amount)
+    for replicas, _, resources in _container_resources(spec):
+        limits = resources.get("limits") or {}
+        for name, amount in limits.items() if isinstance(limits, Mapping) else ():
+            if is_gpu_resource(str(name)) and name != WHOLE_GPU_RESOURCE:
+                counts[str(name)] = counts.get(str(name), 0) + replicas * _count(amount)
     if not counts:
         return None
     return ", ".join(

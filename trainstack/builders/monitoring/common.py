@@ -12,6 +12,7 @@ from trainstack.builders.platform import namespace
 from trainstack.builders.pools import CAPACITY, GPU_PRESENT_LABEL, pool_slices
 from trainstack.config.model import PlatformConfig
 from trainstack.config.monitoring import MONITORING_NAMESPACE
+from trainstack.slices import Slice
 
 NAMESPACE: Final = MONITORING_NAMESPACE
 # Upstream charts, pinned (../shared/reference/aws-gpu-platform-facts.md §6).
@@ -76,12 +77,9 @@ def gpu_equivalents(metric: str, cfg: PlatformConfig) -> str:
     the pools offer weighted by its share of a GPU's compute (a 1g MIG instance 1/7, a
     time-shared replica 1/replicas), so GPU-hours, cost and idle GPUs count slices as the
     part of a GPU they are (docs/gpu-sharing.md)."""
-    weights: dict[str, Fraction] = {}
-    for pool in cfg.gpu_pools:
-        for s in pool_slices(pool):
-            # One weight per resource: the loader holds time-shared pools to one replica
-            # count (config/sharing.py), and a MIG profile is the same share everywhere.
-            weights[s.resource] = s.compute_share
+    # One weight per resource: the loader holds time-shared pools to one replica count
+    # (config/sharing.py), and a MIG profile is the same share everywhere.
+    weights = {s.resource: s.compute_share for s in _offered(cfg)}
     terms = [f'{metric}{{resource="nvidia_com_gpu"}}']
     terms += [
         f'{metric}{{resource="{ksm_resource(name)}"}}{_times(w)}'
@@ -154,14 +152,7 @@ def gpu_utilisation(cfg: PlatformConfig, *, in_gpus: bool, assigned: bool = True
     pod = 'pod!="",' if assigned else ""
     whole = f'DCGM_FI_DEV_GPU_UTIL{{{pod}GPU_I_PROFILE=""}}'
     whole = f"{whole} / 100" if in_gpus else whole
-    profiles = sorted(
-        {
-            (s.profile, s.compute_share)
-            for pool in cfg.gpu_pools
-            for s in pool_slices(pool)
-            if s.isolated
-        }
-    )
+    profiles = sorted({(s.profile, s.compute_share) for s in _offered(cfg) if s.isolated})
     if not profiles:
         return whole
     terms = [
@@ -170,6 +161,11 @@ def gpu_utilisation(cfg: PlatformConfig, *, in_gpus: bool, assigned: bool = True
         for profile, share in profiles
     ]
     return "(" + " or ".join([whole, *terms]) + ")"
+
+
+def _offered(cfg: PlatformConfig) -> set[Slice]:
+    """Every kind of GPU slice the platform's pools offer."""
+    return {s for pool in cfg.gpu_pools for s in pool_slices(pool)}
 
 
 def _times(w: Fraction) -> str:
