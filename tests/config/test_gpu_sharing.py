@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.components.test_gpu import existing_pool
 from tests.config.test_capacity import platform, team
 from trainstack.builders import device_plugins, pools, scheduling
 from trainstack.catalog import catalog
@@ -31,19 +32,18 @@ from trainstack.slices import (
 )
 
 # GPU -> {profile: (compute slices of 7, max per GPU)}; memory is the name's.
+# A100-80GB and H100-80GB share one profile set (0400_configmap.yaml lines 112-183).
+EIGHTY_GB = {
+    "1g.10gb": (1, 7), "1g.20gb": (1, 4), "2g.20gb": (2, 3), "3g.40gb": (3, 2),
+    "4g.40gb": (4, 1), "7g.80gb": (7, 1),
+}  # fmt: skip
 PROFILES: dict[str, dict[str, tuple[int, int]]] = {
     "A100-40GB": {
         "1g.5gb": (1, 7), "1g.10gb": (1, 4), "2g.10gb": (2, 3), "3g.20gb": (3, 2),
         "4g.20gb": (4, 1), "7g.40gb": (7, 1),
     },
-    "A100-80GB": {
-        "1g.10gb": (1, 7), "1g.20gb": (1, 4), "2g.20gb": (2, 3), "3g.40gb": (3, 2),
-        "4g.40gb": (4, 1), "7g.80gb": (7, 1),
-    },
-    "H100-80GB": {
-        "1g.10gb": (1, 7), "1g.20gb": (1, 4), "2g.20gb": (2, 3), "3g.40gb": (3, 2),
-        "4g.40gb": (4, 1), "7g.80gb": (7, 1),
-    },
+    "A100-80GB": EIGHTY_GB,
+    "H100-80GB": EIGHTY_GB,
     "H200-141GB": {
         "1g.18gb": (1, 7), "1g.35gb": (1, 4), "2g.35gb": (2, 3), "3g.71gb": (3, 2),
         "4g.71gb": (4, 1), "7g.141gb": (7, 1),
@@ -240,16 +240,7 @@ def test_invalid_sharing_is_refused_with_the_fix(
 
 
 def existing_doc(sharing: dict[str, Any]) -> dict[str, Any]:
-    pool = {
-        "name": "lab",
-        "fabric": "tcp",
-        "nodeSelector": {"example.com/gpu": "h100"},
-        "gpusPerNode": 8,
-        "nodes": 2,
-        "cpusPerNode": 96,
-        "memoryGiBPerNode": 1024,
-        "gpuSharing": sharing,
-    }
+    pool = existing_pool({"example.com/gpu": "h100"}, gpuSharing=sharing)
     doc = {
         "cloud": "existing",
         "kubernetesVersion": "1.33",
