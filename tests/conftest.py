@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from trainstack.preview.engine import Previewer, Project
+from trainstack.config.project import Project
+from trainstack.preview.engine import Previewer
 from trainstack.preview.mocks import ResourceRecord
 from trainstack.preview.plan import Plan
 from trainstack.preview.synth import SynthResult, run_mocked

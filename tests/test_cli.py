@@ -18,8 +18,8 @@ from tests.diff.test_changed import git
 from trainstack import cli, yamlio
 from trainstack.cli import app, short_type, stack_names, summary_table
 from trainstack.config import ConfigError
+from trainstack.config.project import Project
 from trainstack.diff.changed import ref_problem
-from trainstack.preview.engine import Project
 from trainstack.preview.plan import Plan, Resource
 
 runner = CliRunner()

@@ -19,12 +19,13 @@ from trainstack import outputs as out
 from trainstack.cli import app
 from trainstack.config.errors import ConfigError
 from trainstack.config.model import PlatformConfig
+from trainstack.config.project import Project
 from trainstack.jobs import healthcheck as hc
 from trainstack.jobs.platform import PlatformView
 from trainstack.policy.objects import VOLCANO_JOB
 from trainstack.policy.pack import evaluate
 from trainstack.policy.settings import levels, pack_config
-from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.engine import Previewer
 from trainstack.preview.plan import Plan, normalise
 
 IMAGE = "registry.example.com/vision/project:0.1.0@sha256:" + "9c4e2a7f" * 8

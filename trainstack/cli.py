@@ -28,6 +28,7 @@ from trainstack.config.errors import did_you_mean
 from trainstack.config.lines import with_lines
 from trainstack.config.loader import stack_name_from_path
 from trainstack.config.model import TeamStackConfig
+from trainstack.config.project import Project
 from trainstack.diff.cli import register as _register_diff
 from trainstack.diff.cli import select_changed as _select_changed
 from trainstack.explain.cli import register as _register_explain
@@ -40,7 +41,7 @@ from trainstack.logs import DEFAULT_PREFIX_ROOT, LogsError, LogsUsage
 from trainstack.logs import Options as LogsOptions
 from trainstack.logs import run as run_logs
 from trainstack.preview import policy_config as policy_files
-from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.engine import Previewer
 from trainstack.preview.plan import Plan, normalise, write_plan
 from trainstack.preview.summary import capacity_renderables, jobs_renderables
 from trainstack.preview.validate import Validator

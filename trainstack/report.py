@@ -28,7 +28,7 @@ from trainstack.builders.monitoring import fairness as f
 from trainstack.config import ConfigError
 from trainstack.config.loader import load_stack_file
 from trainstack.config.model import GpuPrice, PlatformConfig
-from trainstack.preview.engine import Project
+from trainstack.config.project import Project
 from trainstack.terminal import fail
 
 PROMETHEUS_ENV: Final = "TRAINSTACK_PROMETHEUS_URL"

@@ -13,8 +13,9 @@ import pytest
 from tests.conftest import ROOT
 from trainstack.bench import preview as bench
 from trainstack.bench.org import OrgSize, generate
+from trainstack.config.project import Project
 from trainstack.outputs import team_slices
-from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.engine import Previewer
 from trainstack.preview.plan import Plan
 from trainstack.preview.synth import run_mocked
 

@@ -53,11 +53,12 @@ from trainstack.builders.labels import POOL
 from trainstack.builders.pools import max_nodes
 from trainstack.builders.scheduling import PRIORITY_CLASSES, queues, scheduler_config
 from trainstack.config.model import PlatformConfig
+from trainstack.config.project import Project
 from trainstack.jobs.platform import PlatformView
 from trainstack.jobs.render import render
 from trainstack.jobs.spec import build
 from trainstack.kube import Kube, wait_for
-from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.engine import Previewer
 from trainstack.sandbox import deploy, toolchain
 from trainstack.sandbox.cluster import ControlPlane
 

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, reference_dir
+from trainstack.config.project import Project
 from trainstack.kube import Kube
-from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.engine import Previewer
 from trainstack.preview.plan import Plan
 from trainstack.sandbox import toolchain
 from trainstack.sandbox.cluster import ControlPlane

@@ -30,8 +30,9 @@ import yaml
 from tests.conftest import ROOT
 from tests.e2e import jobs
 from tests.e2e.conftest import Deployed, deploy_stack
+from trainstack.config.project import Project
 from trainstack.kube import wait_for
-from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.engine import Previewer
 from trainstack.sandbox.cluster import ControlPlane
 
 

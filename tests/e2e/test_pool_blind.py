@@ -31,8 +31,9 @@ from tests.e2e import jobs
 from tests.e2e.conftest import Deployed, deploy_stack
 from trainstack.builders.fabric import GPU_RESOURCE
 from trainstack.config import capacity
+from trainstack.config.project import Project
 from trainstack.kube import wait_for
-from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.engine import Previewer
 from trainstack.sandbox.cluster import ControlPlane
 
 POOLS = ("pool-a", "pool-b")

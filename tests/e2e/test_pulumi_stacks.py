@@ -35,9 +35,10 @@ from tests.volcano_chart import volcano_source
 from trainstack.builders import labels
 from trainstack.builders.scheduling import scheduler_config
 from trainstack.config import PlatformConfig
+from trainstack.config.project import Project
 from trainstack.kube import Kube, quantity, wait_for
 from trainstack.preview import policy_config
-from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.engine import Previewer
 from trainstack.preview.plan import _urn_ref as urn_ref
 from trainstack.sandbox import deploy, nodes
 from trainstack.sandbox.cluster import ControlPlane

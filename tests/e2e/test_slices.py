@@ -24,10 +24,11 @@ from tests.conftest import ROOT
 from tests.e2e import jobs
 from tests.e2e.conftest import Deployed, deploy_stack
 from trainstack.config import ConfigError
+from trainstack.config.project import Project
 from trainstack.explain import Diagnosis, Reason, diagnose
 from trainstack.explain.read import Reader, platform_facts, read_live
 from trainstack.kube import ApiError, wait_for
-from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.engine import Previewer
 from trainstack.sandbox.cluster import ControlPlane
 
 POOL = "h100-slices"

@@ -27,8 +27,9 @@ import yaml
 
 from tests.conftest import ROOT
 from trainstack.config import PlatformConfig, TeamStackConfig
+from trainstack.config.project import Project
 from trainstack.policy.admission import POLICY_PREFIX
-from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.engine import Previewer
 from trainstack.preview.plan import Plan
 from trainstack.preview.policy_config import platform_config
 

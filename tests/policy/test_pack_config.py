@@ -14,11 +14,12 @@ from typer.testing import CliRunner
 from tests.conftest import EXAMPLE_STACKS, ROOT
 from tests.policy.crossguard import reconcile
 from trainstack.cli import app
+from trainstack.config.project import Project
 from trainstack.policy.objects import Config
 from trainstack.policy.pack import CONFIG_SCHEMA, crossguard_policies
 from trainstack.policy.settings import levels, pack_config, rule_config
 from trainstack.preview import policy_config
-from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.engine import Previewer
 
 STALE = "policy pack config out of date; run `make policy-config`"
 

@@ -197,7 +197,8 @@ def test_render_job_submit_creates_the_rendered_job_and_relays_a_refusal(
     from typer.testing import CliRunner  # noqa: PLC0415  (the CLI only here)
 
     from trainstack.cli import app  # noqa: PLC0415
-    from trainstack.preview.engine import Previewer, Project  # noqa: PLC0415
+    from trainstack.config.project import Project  # noqa: PLC0415
+    from trainstack.preview.engine import Previewer  # noqa: PLC0415
 
     config = _config(server.url, {"token": "t"}, **{"certificate-authority": str(server.ca.cert)})
     kubeconfig = _write(tmp_path / "config", config)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from trainstack.preview.engine import Previewer, Project
+from trainstack.config.project import Project
+from trainstack.preview.engine import Previewer
 from trainstack.sandbox import local, toolchain
 
 

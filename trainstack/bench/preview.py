@@ -32,7 +32,8 @@ import pulumi
 
 from trainstack.bench.org import OrgSize, generate
 from trainstack.bench.targets import Target, report
-from trainstack.preview.engine import Previewer, Project
+from trainstack.config.project import Project
+from trainstack.preview.engine import Previewer
 from trainstack.preview.plan import Plan, Resource
 from trainstack.preview.synth import run_mocked
 

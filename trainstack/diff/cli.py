@@ -10,11 +10,11 @@ import typer
 from rich.console import Console
 
 from trainstack.config import ConfigError
+from trainstack.config.project import Project
 from trainstack.diff.changed import Selection, stacks_changed_since
 from trainstack.diff.plans import PlanError, empty_plan, load_plan
 from trainstack.diff.render import to_json, to_markdown
 from trainstack.diff.report import DiffReport, diff_plans, not_previewed
-from trainstack.preview.engine import Project
 from trainstack.terminal import fail
 
 # Markup off: stack names, paths and messages print verbatim (see trainstack/cli.py).

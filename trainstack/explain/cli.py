@@ -21,6 +21,7 @@ from rich.table import Table
 
 from trainstack.config import ConfigError
 from trainstack.config.model import TeamStackConfig
+from trainstack.config.project import Project
 from trainstack.explain.diagnose import diagnose, refusal
 from trainstack.explain.model import Diagnosis, Platform
 from trainstack.explain.read import (
@@ -35,7 +36,7 @@ from trainstack.explain.read import (
 from trainstack.explain.status import job_rows
 from trainstack.explain.volcano import denials
 from trainstack.kube import ApiError, Kube, KubeconfigError
-from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.engine import Previewer
 from trainstack.terminal import fail
 
 out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from trainstack import yamlio
 from trainstack.config import (
     ConfigError,
     ConfigIssue,
@@ -17,6 +16,7 @@ from trainstack.config import (
     read_stack_file,
 )
 from trainstack.config.errors import did_you_mean
+from trainstack.config.project import Project
 from trainstack.jobs.checks import platform_issues
 from trainstack.jobs.files import collect_jobs
 from trainstack.jobs.platform import PlatformView
@@ -42,33 +42,6 @@ POLICY_FIELDS = {
     "shm-sized": "job.spec.sharedMemory",
     "no-privileged": "job.spec.pool",
 }
-
-
-@dataclass(frozen=True)
-class Project:
-    """A trainstack Pulumi project: where the program and the stack files are."""
-
-    root: Path
-    stacks_dir: Path
-
-    @classmethod
-    def find(cls, start: Path) -> Project:
-        for folder in (start, *start.parents):
-            project_file = folder / "Pulumi.yaml"
-            if project_file.is_file():
-                data = yamlio.read(project_file) or {}
-                return cls(folder, folder / str(data.get("stackConfigDir", ".")))
-        raise ConfigError(
-            str(start), [ConfigIssue("Pulumi.yaml", "no Pulumi project found here or above")]
-        )
-
-    def stack_file(self, stack: str) -> Path:
-        return self.stacks_dir / f"Pulumi.{stack}.yaml"
-
-    def stacks(self) -> list[str]:
-        return sorted(
-            p.name[len("Pulumi.") : -len(".yaml")] for p in self.stacks_dir.glob("Pulumi.*.yaml")
-        )
 
 
 @dataclass

@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from trainstack.config import ConfigError
-from trainstack.preview.engine import Previewer, Project
+from trainstack.config.project import Project
+from trainstack.preview.engine import Previewer
 from trainstack.sandbox import local
 from trainstack.sandbox.toolchain import MissingTools
 from trainstack.terminal import err, fail, out
