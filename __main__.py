@@ -8,7 +8,9 @@ from trainstack import outputs as out
 from trainstack.components.platform import Platform
 from trainstack.components.team import TeamStack
 from trainstack.config import ConfigError, PlatformConfig
+from trainstack.config.project import Project
 from trainstack.jobs.files import load_jobs
+from trainstack.jobs.prepull import team_job_images
 from trainstack.program import load_pulumi_config
 
 try:
@@ -18,7 +20,14 @@ except ConfigError as err:
     raise pulumi.RunError(str(err)) from None
 
 if isinstance(config, PlatformConfig):
-    platform = Platform(config.cluster_name, config)
+    team_images: dict[str, tuple[str, ...]] = {}
+    if config.pre_pull.enabled and config.pre_pull.team_jobs:
+        project = Project.find(Path.cwd())
+        found = team_job_images(project.root, project.stacks_dir, config)
+        for stack, problem in found.skipped:
+            pulumi.log.warn(f"image pre-pull: team stack {stack} left out: {problem}")
+        team_images = dict(found.by_pool)
+    platform = Platform(config.cluster_name, config, team_images=team_images)
     for key, value in platform.outputs.exports().items():
         pulumi.export(key, value)
 else:

@@ -140,12 +140,18 @@ class GpuNodePool(pulumi.ComponentResource):
             pool,
             cfg.storage.nvme_cache,
             isolate_gpus=cfg.gpu_device_list_strategy == "volume-mounts",
+            pre_pull=cfg.pre_pull,
         )
         template = aws.ec2.LaunchTemplate(
             f"{name}-lt",
             description=f"{cfg.cluster_name} GPU pool {pool.name} ({instance.name})",
             metadata_options=imdsv2_only(hop_limit=ng.GPU_IMDS_HOP_LIMIT),
-            block_device_mappings=encrypted_root_volume(spec.disk_size_gib),
+            block_device_mappings=encrypted_root_volume(
+                spec.disk_size_gib,
+                throughput_mibps=b.FAST_PULL_ROOT_THROUGHPUT_MIBPS
+                if cfg.pre_pull.soci == "parallel-pull-unpack"
+                else None,
+            ),
             instance_type=ng.launch_template_instance_type(pool),
             tag_specifications=tag_specifications(ng.launch_tags(cfg, pool), ng.TAGGED_RESOURCES),
             network_interfaces=interfaces,

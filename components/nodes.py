@@ -27,13 +27,17 @@ def tag_specifications(
     ]
 
 
-def encrypted_root_volume(size_gib: int) -> list[aws.ec2.LaunchTemplateBlockDeviceMappingArgs]:
+def encrypted_root_volume(
+    size_gib: int, throughput_mibps: int | None = None
+) -> list[aws.ec2.LaunchTemplateBlockDeviceMappingArgs]:
+    """gp3 root volume; `throughput_mibps` None: gp3's baseline (125 MiB/s)."""
     return [
         aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
             device_name="/dev/xvda",
             ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
                 volume_size=size_gib,
                 volume_type="gp3",
+                throughput=throughput_mibps,
                 encrypted="true",
                 delete_on_termination="true",
             ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pulumi
@@ -25,6 +26,7 @@ from trainstack.components.logs import AwsLogAccess, LogCollector, LogCollectorA
 from trainstack.components.monitoring import Monitoring, MonitoringArgs
 from trainstack.components.network import Network, NetworkArgs
 from trainstack.components.policy import AdmissionPolicies, AdmissionPoliciesArgs
+from trainstack.components.prepull import ImagePrePull, ImagePrePullArgs
 from trainstack.components.scheduling import Volcano, VolcanoArgs
 from trainstack.components.services import PlatformServices, PlatformServicesArgs
 from trainstack.components.storage import AwsContext, PlatformStorage, PlatformStorageArgs
@@ -94,8 +96,14 @@ class Platform(pulumi.ComponentResource):
     outputs: PlatformOutputs
 
     def __init__(
-        self, name: str, args: PlatformConfig, opts: pulumi.ResourceOptions | None = None
+        self,
+        name: str,
+        args: PlatformConfig,
+        opts: pulumi.ResourceOptions | None = None,
+        team_images: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
+        """`team_images`: per pool the images of the team stacks' jobs on it, which image
+        pre-pull holds on the pool's nodes (jobs/prepull.py; the program reads them)."""
         super().__init__("trainstack:platform:Platform", name, None, opts)
         cfg = args
         if cfg.aws is not None:
@@ -278,6 +286,17 @@ class Platform(pulumi.ComponentResource):
                     aws=NodeHealthAws(aws_context.provider, self.outputs.cluster_name)
                     if aws_context is not None
                     else None,
+                ),
+                pulumi.ResourceOptions(parent=self),
+            )
+        if cfg.pre_pull.enabled and cfg.gpu_pools:
+            ImagePrePull(
+                f"{name}-prepull",
+                ImagePrePullArgs(
+                    cfg,
+                    k8s_provider,
+                    system_namespace=services.system_namespace,
+                    team_images=team_images or {},
                 ),
                 pulumi.ResourceOptions(parent=self),
             )

@@ -112,7 +112,7 @@ def test_the_autoscaler_treats_the_taint_as_a_startup_taint(prod: PlatformConfig
 # --- expectations --------------------------------------------------------------------------
 
 POOL_KEYS = {"instanceType", "gpus", "gpuModel", "efaDevices", "ibPorts", "ibRateGbps",
-             "busbwFloorGBps", "dcgmLevel"}  # fmt: skip
+             "busbwFloorGBps", "dcgmLevel", "prePullGateSeconds"}  # fmt: skip
 REPAIR_KEYS = {"mode", "hookUrl", "delaySeconds", "region", "clusterName", "prometheusUrl",
                "stragglerAlerts"}  # fmt: skip
 
@@ -148,6 +148,8 @@ def test_aws_pools_expect_what_the_catalog_says(prod: PlatformConfig) -> None:
             "ibRateGbps": None,
             "busbwFloorGBps": instance.busbw_floor_gbps,
             "dcgmLevel": contract.DEFAULT_DCGM_LEVEL,
+            # prod pre-pulls with gateMinutes 20: a new node's check waits for its images
+            "prePullGateSeconds": 20 * 60,
         }
     assert document["recheckSeconds"] == 3600
     assert document["repair"] == {

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import ROOT
 from tests.test_preview import make_project
-from trainstack.preview.engine import Previewer, Project
+from trainstack.config.project import Project
+from trainstack.preview.engine import Previewer
 from trainstack.preview.plan import Plan
 
 Preview = Callable[..., dict[str, Any]]
@@ -32,7 +35,16 @@ def preview(tmp_path: Path) -> Preview:
         count += 1
         folder = tmp_path / f"project{count}"
         folder.mkdir()
-        project = make_project(folder, dict(stacks))
+        # The real project's team stacks and job specs too: a platform that pre-pulls its team
+        # stacks' job images (docs/prepull.md) would otherwise differ from the example's plan
+        # in every pool's image list.
+        teams = {
+            p.name[len("Pulumi.") : -len(".yaml")]: p
+            for p in (ROOT / "stacks").glob("Pulumi.*.yaml")
+            if "trainstack:team:" in p.read_text()
+        }
+        project = make_project(folder, {**teams, **stacks})
+        shutil.copytree(ROOT / "job_specs", folder / "job_specs")
         return as_doc(Previewer(Project.find(project)).preview(stack))
 
     return run

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 from tests.conftest import ROOT
 from tests.test_preview import make_project
 from trainstack.cli import app
+from trainstack.config.project import Project
 from trainstack.diff.changed import select_stacks
 from trainstack.outputs import team_slices
-from trainstack.preview.engine import Project
 
 runner = CliRunner()
 PROJECT = Project.find(ROOT)
@@ -29,7 +29,8 @@ PROJECT = Project.find(ROOT)
         (["stacks/Pulumi.dev.yaml"], ["dev"]),
         (["stacks/Pulumi.prod.yaml"], ["prod", "vision"]),  # vision reads prod's outputs
         (["stacks/Pulumi.vision.yaml"], ["vision"]),
-        (["job_specs/vision/demo-train.yaml"], ["vision"]),
+        # prod pre-pulls its team stacks' job images (docs/prepull.md): its plan changes too
+        (["job_specs/vision/demo-train.yaml"], ["prod", "vision"]),
         (["job_specs/nobody/x.yaml"], []),
         (["trainstack/builders/scheduling.py"], ["dev", "onprem", "prod", "vision"]),
         (["__main__.py"], ["dev", "onprem", "prod", "vision"]),
@@ -232,3 +233,25 @@ def test_a_ref_of_an_unknown_remote_gets_a_command_that_works(
     result = runner.invoke(app, ["changed-stacks", ref, "--project-dir", str(repo)])
     assert (result.exit_code, result.stdout) == (1, "")
     assert result.stderr == f"error: --changed-since: 1 config error:\n  - ref: {problem}\n"
+
+
+def test_a_job_spec_selects_its_platform_only_while_it_pre_pulls(tmp_path: Path) -> None:
+    """The platform's pre-pull DaemonSets hold its team stacks' job images (jobs/prepull.py), so
+    a changed job spec changes the platform's plan, and says why; without pre-pull it does not."""
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "stacks/Pulumi.vision.yaml").write_text(
+        (ROOT / "stacks/Pulumi.vision.yaml").read_text()
+    )
+    prod = (ROOT / "stacks/Pulumi.prod.yaml").read_text()
+    (tmp_path / "stacks/Pulumi.prod.yaml").write_text(prod)
+    project = Project.find(tmp_path)
+    selection = select_stacks(project, ["job_specs/vision/demo-train.yaml"])
+    assert selection.stacks == ["prod", "vision"]
+    assert selection.reasons["prod"] == [
+        "job_specs/vision/demo-train.yaml changed (it pre-pulls its images)"
+    ]
+    assert "      enabled: true\n      images:" in prod
+    off = prod.replace("      enabled: true\n      images:", "      enabled: false\n      images:")
+    (tmp_path / "stacks/Pulumi.prod.yaml").write_text(off)
+    assert select_stacks(project, ["job_specs/vision/demo-train.yaml"]).stacks == ["vision"]

@@ -16,11 +16,12 @@ from tests.conftest import ROOT
 from tests.diff.conftest import Preview, as_doc
 from tests.test_preview import make_project
 from trainstack.cli import app
+from trainstack.config.project import Project
 from trainstack.diff.plans import ABSENT, VOLCANO_JOB, PlanError, changed_paths, load_plan
 from trainstack.diff.render import MARKER, to_json, to_markdown
 from trainstack.diff.report import DiffReport, StackDiff, diff_plans
 from trainstack.outputs import team_slices
-from trainstack.preview.engine import Previewer, Project
+from trainstack.preview.engine import Previewer
 from trainstack.preview.plan import Plan
 
 runner = CliRunner()
@@ -179,6 +180,27 @@ def test_pool_shrink_below_guarantees_is_flagged(
     # The node group's scaling changes in place: a shrink is not a replacement.
     assert diff.counts["replace"] == 0
     assert not diff.stateful_losses
+
+
+def test_a_new_pre_pulled_image_is_named_on_its_pool(
+    preview: Preview, prod_base: dict[str, Any]
+) -> None:
+    """An image the pools' nodes will pull (a configured one here; a team's new job does the
+    same through its spec) reads as an image added to each pool, not as a DaemonSet's
+    containers rewritten (docs/prepull.md)."""
+    image = "registry.example.com/trainstack/eval@sha256:" + "e" * 64
+    head_text = replace_once(
+        PROD,
+        "      images:\n",
+        f"      images:\n        - {{image: {image}, pools: [h200-burst]}}\n",
+    )
+    diff, markdown = report_for(prod_base, preview("prod", prod=head_text))
+    [pool] = diff.capacity.pools
+    assert pool.key == "h200-burst"
+    assert [(c.field, c.before, c.after) for c in pool.changes] == [
+        ("pre-pulled images added", ABSENT, [image])
+    ]
+    assert "pre-pulled images added" in markdown
 
 
 def test_fsx_capacity_decrease_forces_replacement(

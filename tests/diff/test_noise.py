@@ -138,7 +138,8 @@ def test_a_pool_and_a_team_make_a_short_report_that_names_the_teams_quota(
     # what differs (its namespace, queue, node group) is named.
     twins = [line for line in lines if "each renamed" in line or "the same, renamed" in line]
     assert [line.split(" | ")[2] for line in twins if line.startswith("| create")] == [
-        "5 of pool h200-extra (as h200-burst's), each renamed",  # no HyperNode (labels)
+        # 6: with its pre-pull DaemonSet (prod pre-pulls images); no HyperNode (labels)
+        "6 of pool h200-extra (as h200-burst's), each renamed",
         # 16: the repair controller's eviction grant in the team namespace is among them.
         "16 of team speech (as nlp's), each renamed",
     ]

@@ -139,13 +139,13 @@ def token(platform: Deployed, account: str, path: Path, bound_to: dict[str, Any]
     return path
 
 
-def agent_pod(platform: Deployed, node: str) -> dict[str, Any]:
-    """The DaemonSet controller's pod for `node`, bound there as a scheduler would (no
+def agent_pod(platform: Deployed, node: str, app: str = AGENT_APP) -> dict[str, Any]:
+    """The DaemonSet controller's pod of `app` for `node`, bound there as a scheduler would (no
     kube-scheduler runs here; the DaemonSet pins each pod to its node by a matchFields term)."""
 
     def made() -> dict[str, Any] | None:
         for pod in platform.kube.list(
-            "v1", "Pod", contract.SYSTEM_NAMESPACE, labels=f"app.kubernetes.io/name={AGENT_APP}"
+            "v1", "Pod", contract.SYSTEM_NAMESPACE, labels=f"app.kubernetes.io/name={app}"
         ):
             terms = pod["spec"]["affinity"]["nodeAffinity"][
                 "requiredDuringSchedulingIgnoredDuringExecution"
@@ -154,7 +154,7 @@ def agent_pod(platform: Deployed, node: str) -> dict[str, Any]:
                 return pod
         return None
 
-    pod = wait_for(f"the DaemonSet's agent pod for {node}", made, timeout=60)
+    pod = wait_for(f"the DaemonSet's {app} pod for {node}", made, timeout=60)
     if not pod["spec"].get("nodeName"):
         meta = pod["metadata"]
         platform.kube.request(
@@ -251,6 +251,25 @@ def test_a_node_takes_work_only_after_passing_and_is_drained_when_it_fails(gate:
     job = _job(gate)
     jobs.submit(gate.platform, job)
     assert jobs.stays_unscheduled(gate.platform, job) == []
+
+    # prod pre-pulls images (docs/prepull.md): the agent's first check waits while the pool's
+    # pre-pull pod on the node is not Ready (no kube-scheduler binds it here).
+    assert gate.agent("healthy") == 0
+    assert health_taint(gate.get_node()) == contract.TAINT_PENDING
+    assert not events(gate, contract.EVENT_PASSED)
+    # Bound, kwok makes it Ready, as a kubelet would once its images are pulled.
+    agent_pod(gate.platform, gate.node, contract.PREPULL_APP)
+    wait_for(
+        "the pre-pull pod Ready",
+        lambda: any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for p in kube.list("v1", "Pod", contract.SYSTEM_NAMESPACE,
+                               labels=f"app.kubernetes.io/name={contract.PREPULL_APP}")
+            if p["spec"].get("nodeName") == gate.node
+            for c in p.get("status", {}).get("conditions", [])
+        ),
+        timeout=30,
+    )  # fmt: skip
 
     # The agent's own code, with the recorded outputs of a healthy p5.48xlarge.
     assert gate.agent("healthy") == 0

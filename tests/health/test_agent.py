@@ -5,6 +5,8 @@ ungated nodes, Events and the metrics text."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 from trainstack_health import agent, contract
 from trainstack_health.agent import Agent, Expectations, health_ops, plan
+from trainstack_health.errors import SetupError
 from trainstack_health.expectations import load
 from trainstack_health.kube import ApiError
 from trainstack_health.metrics import Metrics
@@ -388,3 +391,93 @@ def test_metrics_text_is_valid_exposition(expectations: Expectations) -> None:
                 if n == "trainstack_node_health_check_failures_total"]  # fmt: skip
     assert failures == [("dcgm", 1.0)]
     assert ("trainstack_node_health_passed", {"node": NAME, "pool": "gpu-p5"}, 0.0) in samples
+
+
+# --- image pre-pull (issue 48): a pending node's check waits for its images -----------------
+
+
+def _gated(expectations: Expectations, seconds: int | None) -> Expectations:
+    pools = {
+        name: dataclasses.replace(p, prepull_gate_seconds=seconds)
+        for name, p in expectations.pools.items()
+    }
+    return dataclasses.replace(expectations, pools=pools)
+
+
+def prepull_pod(ready: bool | None, *, deleting: bool = False) -> dict[str, Any]:
+    """The pool's pre-pull pod on the node: Ready (True/False), or without status (None)."""
+    meta: dict[str, Any] = {
+        "name": "trainstack-prepull-gpu-p5-x1",
+        "namespace": "trainstack-system",
+        "labels": {contract.APP_LABEL: contract.PREPULL_APP},
+    }
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-06T00:00:00Z"
+    status: dict[str, Any] = {"phase": "Running" if ready else "Pending"}
+    if ready is not None:
+        status["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
+    return {"metadata": meta, "spec": {"nodeName": NAME}, "status": status}
+
+
+@pytest.mark.parametrize(
+    ("pods", "waits"),
+    [
+        ([], True),  # the DaemonSet's pod is not there yet
+        ([prepull_pod(None)], True),
+        ([prepull_pod(False)], True),
+        ([prepull_pod(True, deleting=True), prepull_pod(False)], True),  # a rollout's old pod
+        ([prepull_pod(True)], False),
+    ],
+)
+def test_a_pending_node_waits_for_its_images(
+    expectations: Expectations, pods: list[dict[str, Any]], waits: bool
+) -> None:
+    kube = FakeKube(node(taints=[*OTHER_TAINTS, taint("pending")]), pods=pods)
+    worker = make(kube, _gated(expectations, 600))
+    action = worker.step(NOW)
+    if waits:
+        assert action.kind == "wait"
+        assert "images not on the node" in action.why
+        assert worker.probes.active_calls == []  # type: ignore[attr-defined]
+        assert kube.patches == []  # still pending: the taint stays
+    else:
+        assert action.kind == "check"
+        assert kube.node["metadata"]["labels"][contract.STATE_LABEL] == "passed"
+
+
+def test_the_images_gate_gives_up_after_its_time(expectations: Expectations) -> None:
+    """A broken image must not keep a pool's new nodes out: after the gate's seconds the check
+    runs without the images (the alert names the image)."""
+    kube = FakeKube(node(taints=[*OTHER_TAINTS, taint("pending")]), pods=[prepull_pod(False)])
+    worker = make(kube, _gated(expectations, 600))
+    assert worker.step(NOW).kind == "wait"
+    assert worker.step(NOW + 599).kind == "wait"
+    assert worker.step(NOW + 600).kind == "check"
+    assert kube.node["metadata"]["labels"][contract.STATE_LABEL] == "passed"
+
+
+@pytest.mark.parametrize("seconds", [None, 0])
+def test_without_a_gate_the_check_does_not_wait(
+    expectations: Expectations, seconds: int | None
+) -> None:
+    kube = FakeKube(node(taints=[*OTHER_TAINTS, taint("pending")]), pods=[prepull_pod(False)])
+    assert make(kube, _gated(expectations, seconds)).step(NOW).kind == "check"
+
+
+def test_a_failed_node_recheck_never_waits_for_images(expectations: Expectations) -> None:
+    kube = FakeKube(node(taints=[taint("failed")]), pods=[prepull_pod(False)])
+    assert make(kube, _gated(expectations, 600)).step(NOW).kind == "check"
+
+
+def test_the_gate_is_read_from_the_expectations_file(tmp_path: Path) -> None:
+    doc = json.loads((FIXTURES / "expectations.json").read_text())
+    for entry in doc["pools"].values():
+        entry["prePullGateSeconds"] = 1200
+    path = tmp_path / "expectations.json"
+    path.write_text(json.dumps(doc))
+    assert {p.prepull_gate_seconds for p in load(path).pools.values()} == {1200}
+    for entry in doc["pools"].values():
+        entry["prePullGateSeconds"] = -1
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SetupError, match="'prePullGateSeconds' must be >= 0 or null, got -1"):
+        load(path)

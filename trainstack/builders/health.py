@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from trainstack.builders import containers, health_access, health_netpol, labels, scanner
+from trainstack.builders import containers, health_access, health_netpol, labels, prepull, scanner
 from trainstack.builders.monitoring.health import AGENT_APP, REPAIR_APP
 from trainstack.builders.pools import GPU_TOLERATION, instance_of, pool_selector
 from trainstack.builders.pools import HEALTH_TOLERATION as POOLS_HEALTH_TOLERATION
@@ -23,6 +23,8 @@ from trainstack.contracts import health as contract
 assert contract.SYSTEM_NAMESPACE == SYSTEM_NAMESPACE
 assert contract.AGENT_SERVICE_ACCOUNT == AGENT_APP
 assert contract.REPAIR_SERVICE_ACCOUNT == REPAIR_APP
+assert contract.PREPULL_APP == prepull.APP
+assert contract.APP_LABEL == labels.APP_NAME
 
 AGENT: Final = contract.AGENT_SERVICE_ACCOUNT
 REPAIR: Final = contract.REPAIR_SERVICE_ACCOUNT
@@ -109,6 +111,8 @@ def pool_expectations(cfg: PlatformConfig, pool: GpuPool) -> dict[str, Any]:
     model and no bandwidth floor) and no link rate (ibRateGbps null: ports need only be
     active)."""
     level = cfg.health.dcgm_level
+    # With image pre-pull on, a new node's check waits for the pool's images (docs/prepull.md).
+    gate = cfg.pre_pull.gate_minutes * 60 if pool in prepull.pools_of(cfg) else None
     if pool.aws is not None:
         instance = instance_of(pool)
         return {
@@ -121,6 +125,7 @@ def pool_expectations(cfg: PlatformConfig, pool: GpuPool) -> dict[str, Any]:
             "ibRateGbps": None,
             "busbwFloorGBps": instance.busbw_floor_gbps,
             "dcgmLevel": level,
+            "prePullGateSeconds": gate or None,
         }
     assert pool.existing is not None
     rdma = pool.existing.rdma
@@ -134,6 +139,7 @@ def pool_expectations(cfg: PlatformConfig, pool: GpuPool) -> dict[str, Any]:
         "ibRateGbps": None,
         "busbwFloorGBps": None,
         "dcgmLevel": level,
+        "prePullGateSeconds": gate or None,
     }
 
 

@@ -43,6 +43,13 @@ def is_pinned(image: str, *, production: bool = False) -> bool:
     )
 
 
+def from_allowed_registry(image: str, allowed: tuple[str, ...] | list[str]) -> bool:
+    """Whether `image` starts with one of the `allowed` prefixes (none: any image). One
+    definition for the `pinned-images` rule (its CEL twin: `startsWith` over the same list)
+    and image pre-pull's choice of the team jobs' images (jobs/prepull.py)."""
+    return not allowed or any(image.startswith(prefix) for prefix in allowed)
+
+
 # The platform's own images (issue 37: pinned by digest in production, like team images):
 # (path in the platform document, what builds it, whether the document uses it).
 PLATFORM_IMAGES: tuple[tuple[tuple[str, ...], str], ...] = (
@@ -57,6 +64,8 @@ PLATFORM_IMAGES: tuple[tuple[tuple[str, ...], str], ...] = (
      "layoutImage: <registry>/trainstack/prewarm@sha256:… (docs/security.md)"),
     (("health", "image"), "build images/health, push it to your registry and set "
      "image: <registry>/trainstack/health@sha256:… (docs/health.md)"),
+    (("prePull", "holderImage"), "mirror busybox (a static build) to your registry and set "
+     "holderImage: <registry>/busybox@sha256:… (docs/prepull.md)"),
 )  # fmt: skip
 
 
@@ -69,7 +78,7 @@ def _image_in_use(doc: Mapping[str, Any], where: tuple[str, ...]) -> tuple[bool,
         return where[0] == "scheduling", None  # the enforcer runs on every platform
     if where == ("storage", "layoutImage"):  # runs where there is a shared file system
         return "lustre" in node or "existingLustre" in node, node.get(where[-1])
-    if where == ("health", "image"):  # runs only with the health gate on
+    if where in (("health", "image"), ("prePull", "holderImage")):  # only when turned on
         return node.get("enabled") is True, node.get(where[-1])
     return True, node.get(where[-1])
 

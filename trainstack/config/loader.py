@@ -23,6 +23,7 @@ from trainstack.config.health import build_health, health_checks
 from trainstack.config.images import platform_image_checks
 from trainstack.config.monitoring import build_monitoring, monitoring_checks
 from trainstack.config.pools import build_pools, network_zones, pool_checks
+from trainstack.config.prepull import build_prepull, prepull_checks
 from trainstack.config.schema import apply_defaults, load_schema, schema_issues
 from trainstack.config.sharing import sharing_checks
 from trainstack.config.storage import build_storage, storage_checks
@@ -184,6 +185,7 @@ def _platform_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     issues.extend(storage_checks(doc, root, network_zones(doc)))
     issues.extend(monitoring_checks(doc, root))
     issues.extend(health_checks(doc, root))
+    issues.extend(prepull_checks(doc, root, _pool_names(doc)))
     issues.extend(topology_checks(doc, root))
     issues.extend(addon_checks(doc, root))
     return issues
@@ -330,6 +332,7 @@ def _build_platform(doc: dict[str, Any], stack: str) -> m.PlatformConfig:
         monitoring=build_monitoring(doc["monitoring"]),
         addons=build_addons(doc["addons"]),
         health=build_health(doc),
+        pre_pull=build_prepull(doc),
     )
 
 

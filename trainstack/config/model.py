@@ -482,6 +482,29 @@ class HealthConfig:
 
 
 @dataclass(frozen=True)
+class PrePullImage:
+    """An image the platform config asks to pre-pull (`prePull.images[]`)."""
+
+    image: str
+    pools: tuple[str, ...] = ()  # empty: every GPU pool
+
+
+@dataclass(frozen=True)
+class PrePull:
+    """Training images on the GPU nodes ahead of use (`prePull:`); the schema holds the
+    defaults (docs/prepull.md)."""
+
+    enabled: bool = False
+    team_jobs: bool = True
+    images: tuple[PrePullImage, ...] = ()
+    max_parallel_pulls: int = 4
+    gate_minutes: int = 20
+    holder_image: str = "docker.io/library/busybox:1.37.0"
+    soci: Literal["off", "parallel-pull-unpack"] = "off"
+    max_concurrent_downloads: int | None = None
+
+
+@dataclass(frozen=True)
 class PlatformConfig:
     """The platform stack: cluster, shared services and the team registry."""
 
@@ -506,6 +529,7 @@ class PlatformConfig:
     policy: PolicySettings = PolicySettings()
     addons: tuple[tuple[str, AddonSource], ...] = ()
     health: HealthConfig = HealthConfig()
+    pre_pull: PrePull = PrePull()
 
     def pool(self, name: str) -> GpuPool | None:
         return next((p for p in self.gpu_pools if p.name == name), None)

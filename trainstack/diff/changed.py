@@ -11,7 +11,7 @@ from typing import Any
 from trainstack import yamlio
 from trainstack.config import ConfigError, ConfigIssue
 from trainstack.config.errors import did_you_mean
-from trainstack.preview.engine import Project
+from trainstack.config.project import Project
 
 # Paths that never change what a preview produces.
 IGNORED_PREFIXES = ("docs/", "tests/", ".github/")
@@ -166,27 +166,48 @@ def tracked_changes(project: Project, ref: str) -> list[str]:
     return _git(project, "diff", "--name-only", "--relative", ref, "--")
 
 
-def _chart_paths(project: Project) -> dict[str, list[str]]:
-    """Platform stack -> the project-relative folders of its local charts
-    (`addons.<key>.path`, read by the preview: builders/addons.py)."""
-    found: dict[str, list[str]] = {}
-    root = project.root.resolve()
+def _platform_sections(project: Project) -> dict[str, dict[str, Any]]:
+    """Platform stack -> its `trainstack:platform` section as written (unreadable files: none;
+    the preview reports them)."""
+    found: dict[str, dict[str, Any]] = {}
     for stack in project.stacks():
         try:
             doc = yamlio.read(project.stack_file(stack)) or {}
         except ConfigError:
             continue
-        platform = (
+        section = (
             (doc.get("config") or {}).get("trainstack:platform") if isinstance(doc, dict) else None
         )
-        addons = platform.get("addons") if isinstance(platform, dict) else None
-        for source in (addons or {}).values() if isinstance(addons, dict) else ():
+        if isinstance(section, dict):
+            found[stack] = section
+    return found
+
+
+def _chart_paths(project: Project) -> dict[str, list[str]]:
+    """Platform stack -> the project-relative folders of its local charts
+    (`addons.<key>.path`, read by the preview: builders/addons.py)."""
+    found: dict[str, list[str]] = {}
+    root = project.root.resolve()
+    for stack, platform in _platform_sections(project).items():
+        addons = platform.get("addons")
+        for source in addons.values() if isinstance(addons, dict) else ():
             path = source.get("path") if isinstance(source, dict) else None
             if not isinstance(path, str):
                 continue
             folder = (root / Path(path).expanduser()).resolve()
             if folder.is_relative_to(root):
                 found.setdefault(stack, []).append(folder.relative_to(root).as_posix())
+    return found
+
+
+def _pre_pulling(project: Project) -> set[str]:
+    """Platform stacks whose `prePull` holds their team stacks' job images (jobs/prepull.py):
+    a job spec that changes changes their plan too."""
+    found = set()
+    for stack, platform in _platform_sections(project).items():
+        pre = platform.get("prePull")
+        if isinstance(pre, dict) and pre.get("enabled") is True and pre.get("teamJobs", True):
+            found.add(stack)
     return found
 
 
@@ -236,6 +257,7 @@ def select_stacks(
     """Map changed files to the stacks whose plans they can change; `untracked` says which
     of them git does not track (for the reasons only: changed_files has filtered them)."""
     kinds = _stack_kinds(project)
+    pre_pulling = _pre_pulling(project)
     stacks = sorted(kinds)
     charts = _chart_paths(project)
     selection = Selection([], untracked=set(untracked or ()))
@@ -262,6 +284,9 @@ def select_stacks(
             for other, team in kinds.items():
                 if team.get("team") == team_name:
                     selection.add(other, f"{name} changed")
+                    platform = str(team.get("platformStack", "")).rsplit("/", 1)[-1]
+                    if platform in pre_pulling:
+                        selection.add(platform, f"{name} changed (it pre-pulls its images)")
             continue
         owners = [s for s, paths in charts.items() for c in paths if name.startswith(f"{c}/")]
         if owners:  # a platform stack's local chart: that stack and its team stacks

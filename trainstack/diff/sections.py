@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainstack.builders import prepull
 from trainstack.builders.fabric import GPU_RESOURCE as GPU
 from trainstack.diff.capacity import Check, Inputs, capacity_checks, plan_inputs
 from trainstack.diff.model import Capacity, DataPath, Entry, Policy
@@ -15,6 +16,7 @@ from trainstack.outputs import team_slices
 from trainstack.policy.objects import Violation
 
 QUEUE = "kubernetes:scheduling.volcano.sh/v1beta1:Queue"
+DAEMONSET = "kubernetes:apps/v1:DaemonSet"
 STORAGE_TYPES = (
     "aws:fsx/lustreFileSystem:LustreFileSystem",
     "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation",
@@ -176,6 +178,7 @@ def _pool_view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per pool: GPUs at its maximum size, what it is, and (plans that record it) how many of
     them are firm, i.e. back guarantees."""
     supply = get(plan, "outputs", "scheduling", "capacity", "pools", default={}) or {}
+    held = _pre_pulled(plan)
     pools: dict[str, dict[str, Any]] = {}
     for pool in get(plan, "outputs", "gpuPools", default=[]) or []:
         per_node, nodes = pool.get("gpusPerNode"), pool.get("maxNodes")
@@ -200,7 +203,28 @@ def _pool_view(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
             del pools[name]["slices"]
         if name not in supply:
             del pools[name]["firm GPUs"]
+        if name in held:  # a team's new job: "pre-pulled images added" (docs/prepull.md)
+            pools[name]["pre-pulled images"] = held[name]
     return pools
+
+
+def _pre_pulled(plan: dict[str, Any]) -> dict[str, list[str]]:
+    """Per pool, the images its pre-pull DaemonSet holds (builders/prepull.py)."""
+    held: dict[str, list[str]] = {}
+    for resource in plan["resources"]:
+        meta = get(resource, "inputs", "metadata", default={}) or {}
+        if resource.get("type") != DAEMONSET or not str(meta.get("name", "")).startswith(
+            prepull.NAME_PREFIX
+        ):
+            continue
+        pool = str((meta.get("labels") or {}).get(prepull.POOL_LABEL, ""))
+        pod = get(resource, "inputs", "spec", "template", "spec", default={}) or {}
+        held[pool] = sorted(
+            str(c.get("image"))
+            for c in pod.get("containers") or []
+            if c.get("name") != "holder-only"
+        )
+    return held
 
 
 def _capacity_inputs(plan: dict[str, Any]) -> Inputs | None:

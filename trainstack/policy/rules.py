@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainstack.config.images import (
+    from_allowed_registry,
     is_pinned,
     pin_required,
 )
@@ -177,9 +178,7 @@ def pinned_images(job: Mapping[str, Any], cfg: Config) -> list[str]:
             if not is_pinned(image, production=cfg.production):
                 pin = pin_required(cfg.production)
                 found.append(f"task {task}: image {image!r} is not pinned by {pin}")
-            elif cfg.allowed_registries and not any(
-                image.startswith(r) for r in cfg.allowed_registries
-            ):
+            elif not from_allowed_registry(image, tuple(cfg.allowed_registries)):
                 # Which registries are allowed, and where, is the fix (pinned_images_fix).
                 found.append(f"task {task}: image {image!r} is not from an allowed registry")
     return found

@@ -14,6 +14,11 @@ does the I/O: read the Node and its pods, maybe taint, run the probes, write the
   RECHECK_LABEL is set, only while no training pod (label TEAM_LABEL) runs there: taint
   `checking`, list the pods again (one may have bound between the read and the taint: then
   untaint and wait), run, write the verdict.
+- With image pre-pull on (the pool's prePullGateSeconds), a `pending` node's first check waits
+  until the pool's pre-pull pod on the node is Ready, its images then on the node, or the gate's
+  time has passed since the agent first saw it waiting (a broken image must not keep a pool's
+  new nodes out of service; the platform's alert names it). Only `pending`: a failed node's
+  re-check, and a passed node, never wait for images.
 
 The agent changes nothing on the Node but the health taint (contract.TAINT_KEY) and
 contract.AGENT_LABELS, with JSON patches that test metadata.resourceVersion first (a refused
@@ -86,6 +91,41 @@ def training_pods(pods: Sequence[Mapping[str, Any]]) -> list[str]:
         if contract.TEAM_LABEL in labels_of(p)
         and (p.get("status") or {}).get("phase") not in FINISHED
     ]
+
+
+def prepull_ready(pods: Sequence[Mapping[str, Any]]) -> bool | None:
+    """Whether the node's image pre-pull pod is Ready (None: there is none on the node yet)."""
+    for p in pods:
+        if labels_of(p).get(contract.APP_LABEL) != contract.PREPULL_APP:
+            continue
+        if (p.get("metadata") or {}).get("deletionTimestamp"):
+            continue  # the old pod of a rollout: its successor holds the new list
+        conditions = (p.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return None
+
+
+def images_wait(
+    node: Mapping[str, Any],
+    pods: Sequence[Mapping[str, Any]],
+    expect: PoolExpectation,
+    waiting_since: float | None,
+    now: float,
+) -> tuple[Action | None, float | None]:
+    """Whether a `pending` node's check waits for its pre-pulled images: (the wait, or None to
+    go on; when the wait started, for the next step)."""
+    gate = expect.prepull_gate_seconds
+    if not gate or health_taint(node) != contract.TAINT_PENDING:
+        return None, None
+    ready = prepull_ready(pods)
+    if ready:
+        return None, None
+    since = now if waiting_since is None else waiting_since
+    left = gate - (now - since)
+    if left <= 0:
+        return None, since
+    state = "no pre-pull pod yet" if ready is None else "pre-pull pod not Ready"
+    return Action("wait", f"images not on the node ({state}): check in at most {left:.0f}s"), since
 
 
 def plan(
@@ -244,6 +284,7 @@ class Agent:
     clock: Callable[[], float] = time.monotonic
     last_full: float | None = None
     last_report: Report | None = field(default=None, repr=False)
+    images_since: float | None = None  # when a pending node began to wait for its images
 
     def step(self, now: float) -> Action:
         node = self.kube.get_node(self.node_name)
@@ -256,6 +297,13 @@ class Agent:
             self.last_full = now
         pods = self.kube.list_pods_on_node(self.node_name)
         action = plan(node, pods, self.expectations, self.last_full, now)
+        if action.kind == "check":
+            wait, self.images_since = images_wait(node, pods, expect, self.images_since, now)
+            if wait is None and self.images_since is not None:
+                self.log("images_gate_expired", node=self.node_name, pool=expect.pool,
+                         seconds=expect.prepull_gate_seconds)  # fmt: skip
+                self.images_since = None
+            action = wait or action
         self.log("plan", node=self.node_name, action=action.kind, why=action.why)
         if action.kind == "wait":
             return action

@@ -82,12 +82,17 @@ CONFIGMAP: Final = "trainstack-health"
 # ConfigMap key "expectations.json", mounted here: {"pools": {<pool label value>: {
 #   "instanceType": str | null, "gpus": int, "gpuModel": str | null, "efaDevices": int,
 #   "ibPorts": int, "ibRateGbps": int | null, "busbwFloorGBps": float | null,
-#   "dcgmLevel": int}}, "recheckSeconds": int,
+#   "dcgmLevel": int, "prePullGateSeconds": int | null}}, "recheckSeconds": int,
 #  "repair": {"mode": "replace" | "hook" | "none", "hookUrl": str | null,
 #             "delaySeconds": int, "region": str | null, "clusterName": str,
 #             "prometheusUrl": str | null, "stragglerAlerts": int}}
 # (stragglerAlerts: straggler alerts naming a node within a day before the repair controller
-# sets RECHECK_LABEL on it; prometheusUrl null: stragglers are not followed up.)
+# sets RECHECK_LABEL on it; prometheusUrl null: stragglers are not followed up.
+# prePullGateSeconds: how long a pending node's check waits for the pool's image pre-pull pod
+# to be Ready, its images then on the node; null or absent: it does not wait.)
+# Image pre-pull's pods (trainstack/builders/prepull.py) carry this app.kubernetes.io/name.
+APP_LABEL: Final = "app.kubernetes.io/name"
+PREPULL_APP: Final = "trainstack-prepull"
 EXPECTATIONS_PATH: Final = "/etc/trainstack-health/expectations.json"
 NODE_NAME_ENV: Final = "NODE_NAME"  # the downward API's spec.nodeName
 # A bound service-account token's node name, as the API server puts it in userInfo.extra

@@ -29,6 +29,8 @@ class PoolExpectation:
     busbw_floor_gbps: float | None = None
     dcgm_level: int = contract.DEFAULT_DCGM_LEVEL
     instance_type: str | None = None
+    # How long a pending node's check waits for the pool's pre-pulled images (None: no wait).
+    prepull_gate_seconds: int | None = None
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,15 @@ def parse_pool(where: str, name: str, data: Any) -> PoolExpectation:
         busbw_floor_gbps=None if floor is None else float(floor),
         dcgm_level=level,
         instance_type=_field(where, data, "instanceType", str, null=True),
+        prepull_gate_seconds=_gate(where, data),
     )
+
+
+def _gate(where: str, data: Mapping[str, Any]) -> int | None:
+    value = _field(where, data, "prePullGateSeconds", int, null=True)
+    if value is not None and value < 0:
+        raise SetupError(f"{where}: field 'prePullGateSeconds' must be >= 0 or null, got {value}")
+    return None if not value else int(value)
 
 
 def parse(text: str, source: str) -> Expectations:

@@ -22,6 +22,7 @@ from trainstack.builders.monitoring.common import (
 from trainstack.builders.monitoring.common import alert_rule as _alert
 from trainstack.builders.monitoring.fairness import fairness_rules
 from trainstack.builders.monitoring.health import health_alerts
+from trainstack.builders.monitoring.prepull import prepull_alerts, prepull_rules
 from trainstack.config.model import PlatformConfig
 
 REQUESTS = "kube_pod_container_resource_requests"
@@ -390,6 +391,8 @@ def alert_rules(cfg: PlatformConfig) -> list[dict[str, Any]]:
         ),
         # The node health gate (docs/health.md) and stragglers named by their node.
         *health_alerts(cfg),
+        # Image pre-pull (docs/prepull.md): an image missing on a node of its pool.
+        *prepull_alerts(cfg),
     ]
 
 
@@ -400,6 +403,9 @@ def rule_groups(cfg: PlatformConfig) -> list[dict[str, Any]]:
         {"name": "trainstack-labels", "interval": interval, "rules": label_rules(cfg)},
         {"name": "trainstack-accounting", "interval": interval, "rules": accounting_rules(cfg)},
     ]
+    pulls = prepull_rules(cfg)
+    if pulls:  # images present and pull durations per pool (docs/prepull.md)
+        groups.append({"name": "trainstack-prepull", "interval": interval, "rules": pulls})
     fairness = fairness_rules(cfg)
     if fairness:  # per team and queue: the fairness dashboard and `trainstack report`
         groups.append({"name": "trainstack-fairness", "interval": interval, "rules": fairness})
