@@ -50,6 +50,30 @@ def from_allowed_registry(image: str, allowed: tuple[str, ...] | list[str]) -> b
     return not allowed or any(image.startswith(prefix) for prefix in allowed)
 
 
+def registry_prefix_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
+    """`policy.allowedRegistries` are matched as string prefixes (the rule and its CEL twin,
+    `startsWith`), so each must end where a registry host or a repository path ends, at a `/`:
+    `registry.example.com` would also admit `registry.example.com.attacker.net/…`, another
+    registry, and `…/team-a` the repositories of `…/team-abc` (the image reference grammar puts
+    the registry host before the first `/`: github.com/distribution/reference v0.6.0
+    normalize.go splitDockerDomain)."""
+    policy = doc.get("policy")
+    allowed = policy.get("allowedRegistries") if isinstance(policy, Mapping) else None
+    if not isinstance(allowed, list):
+        return []
+    issues = []
+    for index, prefix in enumerate(allowed):
+        if isinstance(prefix, str) and prefix and not prefix.endswith("/"):
+            issues.append(
+                ConfigIssue(
+                    join_path(root, "policy", "allowedRegistries", index),
+                    f"{prefix!r} is a prefix, so it also allows {prefix}.attacker.net/… or "
+                    f"{prefix}-other/…: end it with / ({prefix + '/'!r})",
+                )
+            )
+    return issues
+
+
 # The platform's own images (issue 37: pinned by digest in production, like team images):
 # (path in the platform document, what builds it, whether the document uses it).
 PLATFORM_IMAGES: tuple[tuple[tuple[str, ...], str], ...] = (

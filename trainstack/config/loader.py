@@ -20,7 +20,7 @@ from trainstack.config.capacity import capacity_issues, mode_issues
 from trainstack.config.checks import dict_items, duplicate_names
 from trainstack.config.errors import ConfigError, ConfigIssue, did_you_mean, join_path
 from trainstack.config.health import build_health, health_checks
-from trainstack.config.images import platform_image_checks
+from trainstack.config.images import platform_image_checks, registry_prefix_checks
 from trainstack.config.monitoring import build_monitoring, monitoring_checks
 from trainstack.config.pools import build_pools, network_zones, pool_checks
 from trainstack.config.prepull import build_prepull, prepull_checks
@@ -179,6 +179,7 @@ def _platform_checks(doc: Mapping[str, Any], root: str) -> list[ConfigIssue]:
     if isinstance(registry, Mapping):
         issues.extend(_registry_checks(registry, join_path(root, "registry"), _pool_names(doc)))
     issues.extend(platform_image_checks(doc, root))
+    issues.extend(registry_prefix_checks(doc, root))
     issues.extend(mode_issues(doc, root))
     issues.extend(pool_checks(doc, root))
     issues.extend(sharing_checks(doc, root))
