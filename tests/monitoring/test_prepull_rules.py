@@ -13,7 +13,11 @@ from typing import Any
 import pytest
 
 from tests.monitoring.conftest import platform, platform_doc, rule_tests_pass
+from tests.monitoring.test_objects import _grafana_free, _selectors
 from tests.monitoring.test_rules import case, firing, series
+from trainstack.builders import dashboards as d
+from trainstack.builders import monitoring as b
+from trainstack.builders.metric_sources import exported_metrics
 from trainstack.builders.monitoring import prepull as p
 from trainstack.config.model import PlatformConfig
 
@@ -125,6 +129,19 @@ def test_images_present_and_pull_durations_per_pool(
         },
     ]
     rule_tests_pass(promtool, pulling, tmp_path, [case(inputs, checks)])
+
+
+def test_the_rules_and_panels_use_documented_metrics(pulling: PlatformConfig) -> None:
+    """As test_objects holds for the default config, with pre-pull on: every metric is an
+    exporter's (metric_sources.py) or recorded, and the dashboard has the row."""
+    recorded = {r["record"] for g in b.rule_groups(pulling) for r in g["rules"] if "record" in r}
+    known = set(exported_metrics()) | recorded
+    for group in b.rule_groups(pulling):
+        for rule in group["rules"]:
+            assert _selectors(rule["expr"]) <= known, rule
+    exprs = d.dashboard_exprs(pulling)
+    assert "pool:trainstack_prepull_nodes_ready:sum" in exprs
+    assert all(_selectors(_grafana_free(e)) <= known for e in exprs)
 
 
 def test_no_rules_without_pre_pull() -> None:

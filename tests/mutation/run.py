@@ -80,6 +80,9 @@ MODULES = {
     # Issue 47: the MIG catalog and slice arithmetic, and a job's slice on a sliced pool.
     "slices": Module("trainstack/slices.py", ("tests/config/test_gpu_sharing.py",)),
     "fractional": Module("trainstack/jobs/fractional.py", ("tests/jobs/test_fractional.py",)),
+    # issue 48: which images a pool holds, and the DaemonSet users rely on
+    "prepull": Module("trainstack/builders/prepull.py", ("tests/builders/test_prepull.py",)),
+    "team-images": Module("trainstack/jobs/prepull.py", ("tests/builders/test_prepull.py",)),
 }
 # What the tests read besides trainstack/ and tests/ (mutmut copies these into mutants/).
 ALSO_COPY = ("stacks", "job_specs", "policies", "images", "Pulumi.yaml", "__main__.py")

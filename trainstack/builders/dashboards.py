@@ -188,7 +188,27 @@ def _cluster(cfg: PlatformConfig) -> tuple[str, str, list[str], list[tuple[str, 
         )
     if cfg.health.enabled and cfg.gpu_pools:
         rows.append(("Node health gate", _health_panels()))
+    if cfg.pre_pull.enabled and cfg.gpu_pools:
+        rows.append(("Image pre-pull", _prepull_panels()))
     return "trainstack-cluster", "trainstack / Cluster", [], rows
+
+
+def _prepull_panels() -> list[PanelSpec]:
+    """Image pre-pull's recording rules (builders/monitoring/prepull.py, docs/prepull.md)."""
+    return [
+        PanelSpec(
+            "Nodes holding their pool's images, of the pool's nodes",
+            (
+                Query("pool:trainstack_prepull_nodes_ready:sum", "{{pool}} ready"),
+                Query("pool:trainstack_prepull_nodes:sum", "{{pool}} nodes"),
+            ),
+        ),
+        PanelSpec(
+            "Image pull time, 90th percentile over an hour, by pool",
+            (Query("pool:trainstack_image_pull_seconds:p90_1h", "{{pool}}"),),
+            unit="s",
+        ),
+    ]
 
 
 def _health_panels() -> list[PanelSpec]:

@@ -12,6 +12,7 @@ here nor recorded by one of trainstack's own recording rules. Sources:
 - kube-state-metrics custom-resource state (configured by trainstack, `ksm_custom_resources()`
   in builders/monitoring/values.py): Volcano Job annotations and PodGroup phases.
 - node-exporter: the infiniband collector (on by default) on InfiniBand/RoCE nodes.
+- the kubelet: its image pull durations (image pre-pull, docs/prepull.md).
 - Volcano v1.15 scheduler and controllers (`--enable-metrics`, volcano docs/design/metrics.md;
   the queue PodGroup counts come from the controllers, pkg/controllers/metrics/queue.go).
 - The training runtime: `trainstack.contracts.runtime.METRICS` (docs/runtime.md).
@@ -54,6 +55,14 @@ DCGM_COUNTERS: Final[tuple[tuple[str, str, str], ...]] = (
 )
 
 KSM_METRICS: Final = (
+    # image pre-pull (builders/monitoring/prepull.py): the pods' waiting reasons, images and
+    # nodes, and the DaemonSets' status (kube-state-metrics v2 internal/store/pod.go,
+    # daemonset.go; both collectors on by default in the chart)
+    "kube_pod_container_status_waiting_reason",
+    "kube_pod_container_info",
+    "kube_pod_info",
+    "kube_daemonset_status_number_ready",
+    "kube_daemonset_status_desired_number_scheduled",
     "kube_pod_container_resource_requests",
     "kube_pod_status_phase",
     "kube_pod_labels",
@@ -98,6 +107,10 @@ VOLCANO_CONTROLLER_METRICS: Final = (
     "volcano_queue_pod_group_running_count",
 )
 
+# The kubelet, scraped by kube-prometheus-stack's kubelet ServiceMonitor (on by default):
+# k8s.io/kubernetes v1.37.2 pkg/kubelet/metrics/metrics.go ImagePullDuration (ALPHA).
+KUBELET_METRICS: Final = ("kubelet_image_pull_duration_seconds_bucket",)
+
 # Prometheus itself: the ALERTS series of firing and pending alerts.
 PROMETHEUS_METRICS: Final = ("ALERTS",)
 
@@ -107,6 +120,7 @@ SOURCES: Final[dict[str, tuple[str, ...]]] = {
     "kube-state-metrics": KSM_METRICS,
     "kube-state-metrics custom resources": KSM_CUSTOM_METRICS,
     "node-exporter": NODE_EXPORTER_METRICS,
+    "kubelet": KUBELET_METRICS,
     "volcano-scheduler": VOLCANO_SCHEDULER_METRICS,
     "volcano-controllers": VOLCANO_CONTROLLER_METRICS,
     "trainstack runtime": tuple(contract.METRICS),
