@@ -21,9 +21,17 @@ from trainstack.preview.engine import Previewer
 from trainstack.preview.plan import Plan
 from trainstack.sandbox import toolchain
 from trainstack.sandbox.cluster import ControlPlane
-from trainstack.sandbox.stacks import Deployed, deploy_platform
+from trainstack.sandbox.stacks import Deployed, deploy_platform, restore_platform
 
 HERE = Path(__file__).resolve().parent
+
+
+# Modules that deploy another stack or reset the control plane themselves: after one of them the
+# next module's `prod` is a new deployment, so they run after the modules that share one.
+OWN_DEPLOYMENTS = frozenset({
+    "test_apply.py", "test_guarantees.py", "test_pool_blind.py", "test_pulumi_stacks.py",
+    "test_queues.py", "test_rdma.py", "test_sandbox.py", "test_slices.py",
+})  # fmt: skip
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
@@ -31,6 +39,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if Path(str(item.fspath)).is_relative_to(HERE):
             item.add_marker(pytest.mark.e2e)
+    # The modules that only use prod first, one after another, so each restores the last one's
+    # deployment instead of deploying anew (`prod`); the sort is stable, so each module's tests
+    # keep their order and the rest keep theirs.
+    on_prod = {
+        item.path.name
+        for item in items
+        if "prod" in getattr(item, "fixturenames", ()) and item.path.name not in OWN_DEPLOYMENTS
+    }
+    items.sort(key=lambda item: item.path.name not in on_prod)
 
 
 @pytest.fixture(scope="session")
@@ -72,9 +89,21 @@ def deploy_stack(plane: ControlPlane, previewer: Previewer, stack: str) -> Deplo
     return deploy_platform(plane, previewer, stack)
 
 
+# The prod deployment the session made last, for the next module to restore (cheap) rather than
+# deploy anew (a reset: about 20 s, most of it waiting for namespaces to be finalised).
+_PROD: dict[int, Deployed] = {}  # id(control plane) -> its prod
+
+
 @pytest.fixture(scope="module")
 def prod(control_plane: ControlPlane, previewer: Previewer) -> Deployed:
-    return deploy_stack(control_plane, previewer, "prod")
+    """prod as deployed, for each module: the previous module's deployment restored when the
+    control plane still holds it (`stacks.restore_platform` says what that undoes and when it
+    declines), else deployed anew."""
+    last = _PROD.get(id(control_plane))
+    if last is not None and last.plane is control_plane and restore_platform(last):
+        return last
+    _PROD[id(control_plane)] = deployed = deploy_stack(control_plane, previewer, "prod")
+    return deployed
 
 
 @pytest.fixture(scope="module")

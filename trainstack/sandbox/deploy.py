@@ -233,14 +233,27 @@ def settle_discovered_topology(kube: Kube, nearest: str, timeout: float = 90) ->
         time.sleep(3)
 
 
-def reset(kube: Kube) -> None:
-    """Remove everything a stack or a test created, leaving the control plane as started."""
+def delete_jobs(kube: Kube) -> None:
+    """Every Volcano Job and Command, in every namespace (Volcano then deletes their pods)."""
     for job in kube.list("batch.volcano.sh/v1alpha1", "Job"):
         meta = job["metadata"]
         kube.delete("batch.volcano.sh/v1alpha1", "Job", meta["name"], meta["namespace"])
     for command in kube.list("bus.volcano.sh/v1alpha1", "Command"):
         meta = command["metadata"]
         kube.delete("bus.volcano.sh/v1alpha1", "Command", meta["name"], meta["namespace"])
+
+
+def delete_nodes(kube: Kube) -> None:
+    """Every Node, and the CSINodes the fixture made for the simulated ones."""
+    for obj in kube.list("storage.k8s.io/v1", "CSINode", labels=SIMULATED):
+        kube.delete("storage.k8s.io/v1", "CSINode", obj["metadata"]["name"])
+    for node in kube.list("v1", "Node"):
+        kube.delete("v1", "Node", node["metadata"]["name"])
+
+
+def reset(kube: Kube) -> None:
+    """Remove everything a stack or a test created, leaving the control plane as started."""
+    delete_jobs(kube)
     namespaces = [n["metadata"]["name"] for n in kube.list("v1", "Namespace", labels=MANAGED)] + [
         n["metadata"]["name"]
         for n in kube.list("v1", "Namespace", labels="e2e.trainstack.io/scratch")
@@ -265,8 +278,7 @@ def reset(kube: Kube) -> None:
     # HyperNodes Volcano's controller made from the nodes' labels (builders/topology.py): its
     # discovery stops with the stack's ConfigMap and would leave them behind.
     _delete_all(kube, HYPERNODE, kube.list(*HYPERNODE, labels=DISCOVERED))
-    for node in kube.list("v1", "Node"):
-        kube.delete("v1", "Node", node["metadata"]["name"])
+    delete_nodes(kube)
     wait_for(
         "managed namespaces to be gone",
         lambda: not any(kube.get_or_none("v1", "Namespace", n) for n in namespaces),
