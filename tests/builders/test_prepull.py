@@ -322,7 +322,8 @@ def test_configured_images_go_to_their_pools_only(prod: PlatformConfig) -> None:
 
 def test_pre_pull_off_makes_nothing(prod: PlatformConfig) -> None:
     off = dataclasses.replace(prod, pre_pull=m.PrePull())
-    assert prepull.objects(off, {"h100-block": IMAGES}) == []
+    assert prepull.pools_of(off) == ()
+    assert prepull.pool_images(off, {"h100-block": IMAGES}) == {}
 
 
 def test_the_model_defaults_are_the_schemas() -> None:

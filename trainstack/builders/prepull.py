@@ -180,14 +180,3 @@ def network_policy(cfg: PlatformConfig) -> dict[str, Any]:
     """None either way: the kubelet pulls, not the pod, and nothing calls a holding
     container."""
     return netpol.network_policy(cfg, APP, ingress=[], egress=[])
-
-
-def objects(cfg: PlatformConfig, team_images: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
-    """Every pre-pull object (none with pre-pull off)."""
-    if not cfg.pre_pull.enabled:
-        return []
-    images = pool_images(cfg, team_images)
-    return [
-        *(daemonset(cfg, pool, images[pool.name]) for pool in pools_of(cfg)),
-        network_policy(cfg),
-    ]
