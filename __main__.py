@@ -22,8 +22,7 @@ except ConfigError as err:
 if isinstance(config, PlatformConfig):
     team_images: dict[str, tuple[str, ...]] = {}
     if config.pre_pull.enabled and config.pre_pull.team_jobs:
-        project = Project.find(Path.cwd())
-        found = team_job_images(project.root, project.stacks_dir, config)
+        found = team_job_images(Project.find(Path.cwd()), config)
         for stack, problem in found.skipped:
             pulumi.log.warn(f"image pre-pull: team stack {stack} left out: {problem}")
         team_images = dict(found.by_pool)

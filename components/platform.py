@@ -14,6 +14,7 @@ from trainstack.builders.health import pools_of as health_pools
 from trainstack.builders.monitoring import monitoring_output
 from trainstack.builders.platform import registry_groups, team_outputs
 from trainstack.builders.pools import pool_output
+from trainstack.builders.prepull import pools_of as prepull_pools
 from trainstack.builders.scheduling import scheduling_output
 from trainstack.builders.storage import storage_output
 from trainstack.components.autoscaler import ClusterAutoscaler, ClusterAutoscalerArgs
@@ -289,7 +290,7 @@ class Platform(pulumi.ComponentResource):
                 ),
                 pulumi.ResourceOptions(parent=self),
             )
-        if cfg.pre_pull.enabled and cfg.gpu_pools:
+        if prepull_pools(cfg):
             ImagePrePull(
                 f"{name}-prepull",
                 ImagePrePullArgs(

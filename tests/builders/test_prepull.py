@@ -22,8 +22,9 @@ from trainstack.builders import pools, prepull
 from trainstack.builders.pools import GPU_TOLERATION, HEALTH_TOLERATION
 from trainstack.config import PlatformConfig, load_stack_file
 from trainstack.config import model as m
+from trainstack.config.project import Project
 from trainstack.config.schema import load_schema
-from trainstack.jobs.prepull import team_job_images
+from trainstack.jobs.prepull import TeamImages, team_job_images
 from trainstack.preview.plan import Plan
 
 STACKS = ROOT / "stacks"
@@ -65,7 +66,9 @@ def _held(plan: Plan) -> dict[str, set[str]]:
         if obj["kind"] == "DaemonSet" and obj["metadata"]["name"].startswith(prepull.NAME_PREFIX):
             pool = obj["metadata"]["labels"][prepull.POOL_LABEL]
             pod = obj["spec"]["template"]["spec"]
-            found[pool] = {c["image"] for c in pod["containers"] if c["name"] != "holder-only"}
+            found[pool] = {
+                c["image"] for c in pod["containers"] if c["name"] != prepull.HOLDER_ONLY
+            }
     return found
 
 
@@ -102,31 +105,39 @@ def _project_copy(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def _images(root: Path, platform: PlatformConfig | None = None) -> TeamImages:
+    """team_job_images of the project at `root` for its prod (or `platform`)."""
+    return team_job_images(Project.find(root), platform or _prod_of(root))
+
+
+def _write_job(root: Path, path: str, metadata: dict[str, str] | None = None, **spec: str) -> str:
+    """The seed example (vision's demo-train) with `metadata` and `spec` fields replaced,
+    written to `path` in the project; returns its image."""
+    doc = yaml.safe_load((root / "job_specs/vision/demo-train.yaml").read_text())
+    doc["metadata"] = metadata or doc["metadata"]
+    doc["spec"].update(spec)
+    (root / path).parent.mkdir(parents=True, exist_ok=True)
+    (root / path).write_text(yaml.safe_dump(doc))
+    return str(doc["spec"]["image"])
+
+
 def test_a_team_adding_a_job_adds_its_image_and_removing_it_releases_it(tmp_path: Path) -> None:
     root = _project_copy(tmp_path)
-    before = team_job_images(root, root / "stacks", _prod_of(root)).by_pool
-    spec = yaml.safe_load((root / "job_specs/vision/demo-train.yaml").read_text())
-    new = "registry.example.com/vision/new-model:1.0@sha256:" + "ab" * 32
-    spec["metadata"]["name"] = "new-model"
-    spec["spec"]["image"] = new
-    spec["spec"]["pool"] = "h200-burst"
-    added = root / "job_specs/vision/new-model.yaml"
-    added.write_text(yaml.safe_dump(spec))
-    after = team_job_images(root, root / "stacks", _prod_of(root)).by_pool
+    before = _images(root).by_pool
+    new = _write_job(
+        root,
+        "job_specs/vision/new-model.yaml",
+        {"name": "new-model", "team": "vision"},
+        image="registry.example.com/vision/new-model:1.0@sha256:" + "ab" * 32,
+        pool="h200-burst",
+    )
+    after = _images(root).by_pool
     assert new in after["h200-burst"]
     assert {k: set(v) - {new} for k, v in after.items()} == {k: set(v) for k, v in before.items()}
     cfg = _prod_of(root)
-    pool = cfg.pool("h200-burst")
-    assert pool is not None
-    held = prepull.pool_images(cfg, after)["h200-burst"]
-    assert new in held
-    added.unlink()
-    assert (
-        new
-        not in prepull.pool_images(
-            cfg, team_job_images(root, root / "stacks", _prod_of(root)).by_pool
-        )["h200-burst"]
-    )
+    assert new in prepull.pool_images(cfg, after)["h200-burst"]
+    (root / "job_specs/vision/new-model.yaml").unlink()
+    assert new not in prepull.pool_images(cfg, _images(root).by_pool)["h200-burst"]
 
 
 def test_a_team_stack_with_problems_is_left_out_and_named(tmp_path: Path) -> None:
@@ -137,7 +148,7 @@ def test_a_team_stack_with_problems_is_left_out_and_named(tmp_path: Path) -> Non
         "config:\n  trainstack:team:\n    team: vision\n"
         "    platformStack: organization/trainstack/prod\n    jobs: [job_specs/none/*.yaml]\n"
     )
-    found = team_job_images(root, root / "stacks", _prod_of(root))
+    found = _images(root)
     assert found.skipped == (
         ("broken", "trainstack:team.jobs: 'job_specs/none/*.yaml' matches no file"),
     )
@@ -148,7 +159,7 @@ def test_other_platforms_team_stacks_are_not_read(tmp_path: Path) -> None:
     root = _project_copy(tmp_path)
     dev = load_stack_file(root / "stacks/Pulumi.dev.yaml")
     assert isinstance(dev, PlatformConfig)
-    assert team_job_images(root, root / "stacks", dev).by_pool == {}
+    assert _images(root, dev).by_pool == {}
 
 
 def test_a_job_on_a_pool_its_team_may_not_use_pulls_nothing_there(tmp_path: Path) -> None:
@@ -157,27 +168,23 @@ def test_a_job_on_a_pool_its_team_may_not_use_pulls_nothing_there(tmp_path: Path
     reach h100-reserved's nodes either (it could fill another team's disks by writing a file).
     The whole stack is left out, since it deploys nothing."""
     root = _project_copy(tmp_path)
-    (root / "job_specs/recsys").mkdir()
-    spec = yaml.safe_load((root / "job_specs/vision/demo-train.yaml").read_text())
-    spec["metadata"] = {"name": "fill-disks", "team": "recsys"}
-    spec["spec"]["image"] = "registry.example.com/recsys/huge@sha256:" + "f" * 64
-    spec["spec"]["pool"] = "h100-reserved"
-    (root / "job_specs/recsys/fill.yaml").write_text(yaml.safe_dump(spec))
+    fill = {"name": "fill-disks", "team": "recsys"}
+    huge = "registry.example.com/recsys/huge@sha256:" + "f" * 64
+    _write_job(root, "job_specs/recsys/fill.yaml", fill, image=huge, pool="h100-reserved")
     (root / "stacks/Pulumi.recsys.yaml").write_text(
         "config:\n  trainstack:team:\n    team: recsys\n"
         "    platformStack: organization/trainstack/prod\n    jobs: [job_specs/recsys/*.yaml]\n"
     )
-    found = team_job_images(root, root / "stacks", _prod_of(root))
+    found = _images(root)
     assert found.skipped == (
         ("recsys", "job fill-disks: pool 'h100-reserved' is not one of team 'recsys''s pools"),
     )
-    assert all(spec["spec"]["image"] not in images for images in found.by_pool.values())
+    assert all(huge not in images for images in found.by_pool.values())
     # on its own pool the same image is held
-    spec["spec"]["pool"] = "h200-burst"
-    (root / "job_specs/recsys/fill.yaml").write_text(yaml.safe_dump(spec))
-    found = team_job_images(root, root / "stacks", _prod_of(root))
+    _write_job(root, "job_specs/recsys/fill.yaml", fill, image=huge, pool="h200-burst")
+    found = _images(root)
     assert found.skipped == ()
-    assert spec["spec"]["image"] in found.by_pool["h200-burst"]
+    assert huge in found.by_pool["h200-burst"]
 
 
 @pytest.mark.parametrize(
@@ -190,11 +197,8 @@ def test_a_job_on_a_pool_its_team_may_not_use_pulls_nothing_there(tmp_path: Path
 def test_an_image_the_rules_refuse_is_pulled_nowhere(tmp_path: Path, image: str, why: str) -> None:
     """prod allows two registries and, in production, digests only (pinned-images)."""
     root = _project_copy(tmp_path)
-    path = root / "job_specs/vision/demo-train.yaml"
-    spec = yaml.safe_load(path.read_text())
-    spec["spec"]["image"] = image
-    path.write_text(yaml.safe_dump(spec))
-    found = team_job_images(root, root / "stacks", _prod_of(root))
+    _write_job(root, "job_specs/vision/demo-train.yaml", image=image)
+    found = _images(root)
     assert found.skipped == (("vision", f"job demo-train: image {image!r} {why}"),)
     assert found.by_pool == {}
 
@@ -203,7 +207,7 @@ def test_a_job_of_another_team_in_a_team_stack_pulls_nothing(tmp_path: Path) -> 
     root = _project_copy(tmp_path)
     path = root / "job_specs/vision/demo-train.yaml"
     path.write_text(path.read_text().replace("team: vision", "team: nlp"))
-    found = team_job_images(root, root / "stacks", _prod_of(root))
+    found = _images(root)
     assert found.skipped == (
         ("vision", "job demo-train: metadata.team 'nlp' is not the stack's team 'vision'"),
     )

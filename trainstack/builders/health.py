@@ -111,8 +111,10 @@ def pool_expectations(cfg: PlatformConfig, pool: GpuPool) -> dict[str, Any]:
     model and no bandwidth floor) and no link rate (ibRateGbps null: ports need only be
     active)."""
     level = cfg.health.dcgm_level
-    # With image pre-pull on, a new node's check waits for the pool's images (docs/prepull.md).
-    gate = cfg.pre_pull.gate_minutes * 60 if pool in prepull.pools_of(cfg) else None
+    # With image pre-pull on, a new node's check waits for the pool's images (docs/prepull.md);
+    # gateMinutes 0: it does not wait.
+    pulls = pool in prepull.pools_of(cfg)
+    gate = (cfg.pre_pull.gate_minutes * 60 or None) if pulls else None
     if pool.aws is not None:
         instance = instance_of(pool)
         return {
@@ -125,7 +127,7 @@ def pool_expectations(cfg: PlatformConfig, pool: GpuPool) -> dict[str, Any]:
             "ibRateGbps": None,
             "busbwFloorGBps": instance.busbw_floor_gbps,
             "dcgmLevel": level,
-            "prePullGateSeconds": gate or None,
+            "prePullGateSeconds": gate,
         }
     assert pool.existing is not None
     rdma = pool.existing.rdma
@@ -139,7 +141,7 @@ def pool_expectations(cfg: PlatformConfig, pool: GpuPool) -> dict[str, Any]:
         "ibRateGbps": None,
         "busbwFloorGBps": None,
         "dcgmLevel": level,
-        "prePullGateSeconds": gate or None,
+        "prePullGateSeconds": gate,
     }
 
 

@@ -431,10 +431,9 @@ def node_user_data(
     pre_pull: PrePull | None = None,
 ) -> str:
     """AL2023 MIME user data: nodeadm NodeConfig (RAID0 instance store; how images are pulled,
-    pull_node_config) + hugepages, the
-    container toolkit's GPU isolation (with `isolate_gpus`: gpu.deviceListStrategy
-    volume-mounts), and with `cache` on a RAID0 pool the unit that publishes the NVMe cache
-    directories.
+    pull_node_config) + hugepages, the container toolkit's GPU isolation (with `isolate_gpus`:
+    gpu.deviceListStrategy volume-mounts), and with `cache` on a RAID0 pool the unit that
+    publishes the NVMe cache directories.
 
     Shell parts run after nodeadm's config phase and before its run phase makes the array and
     starts kubelet, so kubelet sees the hugepages as allocatable.

@@ -45,6 +45,8 @@ HOLDER: Final = f"{HOLD_DIR}/busybox"
 BUSYBOX: Final = "/bin/busybox"
 # 68 years: busybox sleep takes whole seconds; a held container never ends by itself.
 SLEEP_S: Final = "2147483647"
+# The one container of a pod holding no image yet: the holder's own (daemonset).
+HOLDER_ONLY: Final = "holder-only"
 USER: Final = 65534  # nobody
 # What one holding container costs: a sleeping static binary. The limits keep a misbehaving
 # one (none runs anything else) from taking more.
@@ -127,7 +129,7 @@ def daemonset(cfg: PlatformConfig, pool: GpuPool, images: Sequence[str]) -> dict
     }
     held = [_holding_container(image) for image in images]
     if not held:  # a pod needs a container: the holder's own image, already on the node
-        held = [{**_holding_container(holder), "name": "holder-only"}]
+        held = [{**_holding_container(holder), "name": HOLDER_ONLY}]
     pod_labels = {labels.APP_NAME: APP, POOL_LABEL: pool.name}
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,

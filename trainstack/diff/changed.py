@@ -11,6 +11,8 @@ from typing import Any
 from trainstack import yamlio
 from trainstack.config import ConfigError, ConfigIssue
 from trainstack.config.errors import did_you_mean
+from trainstack.config.loader import PLATFORM_KEY as PLATFORM
+from trainstack.config.loader import TEAM_KEY as TEAM
 from trainstack.config.project import Project
 
 # Paths that never change what a preview produces.
@@ -166,29 +168,35 @@ def tracked_changes(project: Project, ref: str) -> list[str]:
     return _git(project, "diff", "--name-only", "--relative", ref, "--")
 
 
-def _platform_sections(project: Project) -> dict[str, dict[str, Any]]:
-    """Platform stack -> its `trainstack:platform` section as written (unreadable files: none;
-    the preview reports them)."""
-    found: dict[str, dict[str, Any]] = {}
+Configs = dict[str, dict[str, Any]]  # stack -> its file's `config` map, as written
+
+
+def _stack_configs(project: Project) -> Configs:
+    """Every stack file's `config` map, each file read once ({} when it is unreadable or not
+    YAML: the preview reports it)."""
+    found: Configs = {}
     for stack in project.stacks():
         try:
             doc = yamlio.read(project.stack_file(stack)) or {}
         except ConfigError:
-            continue
-        section = (
-            (doc.get("config") or {}).get("trainstack:platform") if isinstance(doc, dict) else None
-        )
-        if isinstance(section, dict):
-            found[stack] = section
+            doc = {}
+        config = doc.get("config") if isinstance(doc, dict) else None
+        found[stack] = config if isinstance(config, dict) else {}
     return found
 
 
-def _chart_paths(project: Project) -> dict[str, list[str]]:
+def _section(configs: Configs, key: str) -> Configs:
+    """Stack -> its `key` section, for the stacks that have one as a map."""
+    return {s: c[key] for s, c in configs.items() if isinstance(c.get(key), dict)}
+
+
+def _chart_paths(project: Project, configs: Configs | None = None) -> dict[str, list[str]]:
     """Platform stack -> the project-relative folders of its local charts
     (`addons.<key>.path`, read by the preview: builders/addons.py)."""
     found: dict[str, list[str]] = {}
     root = project.root.resolve()
-    for stack, platform in _platform_sections(project).items():
+    platforms = _section(_stack_configs(project) if configs is None else configs, PLATFORM)
+    for stack, platform in platforms.items():
         addons = platform.get("addons")
         for source in addons.values() if isinstance(addons, dict) else ():
             path = source.get("path") if isinstance(source, dict) else None
@@ -200,28 +208,21 @@ def _chart_paths(project: Project) -> dict[str, list[str]]:
     return found
 
 
-def _pre_pulling(project: Project) -> set[str]:
+def _pre_pulling(configs: Configs) -> set[str]:
     """Platform stacks whose `prePull` holds their team stacks' job images (jobs/prepull.py):
     a job spec that changes changes their plan too."""
     found = set()
-    for stack, platform in _platform_sections(project).items():
+    for stack, platform in _section(configs, PLATFORM).items():
         pre = platform.get("prePull")
         if isinstance(pre, dict) and pre.get("enabled") is True and pre.get("teamJobs", True):
             found.add(stack)
     return found
 
 
-def _stack_kinds(project: Project) -> dict[str, dict[str, Any]]:
+def _stack_kinds(configs: Configs) -> Configs:
     """stack -> its `trainstack:team` section (team stacks) or {} (platform stacks)."""
-    kinds: dict[str, dict[str, Any]] = {}
-    for stack in project.stacks():
-        try:
-            doc = yamlio.read(project.stack_file(stack)) or {}
-        except ConfigError:  # unreadable or not YAML: the preview reports it
-            doc = {}
-        team = (doc.get("config") or {}).get("trainstack:team") if isinstance(doc, dict) else None
-        kinds[stack] = team if isinstance(team, dict) else {}
-    return kinds
+    teams = _section(configs, TEAM)
+    return {stack: teams.get(stack, {}) for stack in configs}
 
 
 def _stack_file_changed(
@@ -256,10 +257,11 @@ def select_stacks(
 ) -> Selection:
     """Map changed files to the stacks whose plans they can change; `untracked` says which
     of them git does not track (for the reasons only: changed_files has filtered them)."""
-    kinds = _stack_kinds(project)
-    pre_pulling = _pre_pulling(project)
+    configs = _stack_configs(project)  # each stack file read once
+    kinds = _stack_kinds(configs)
+    pre_pulling = _pre_pulling(configs)
     stacks = sorted(kinds)
-    charts = _chart_paths(project)
+    charts = _chart_paths(project, configs)
     selection = Selection([], untracked=set(untracked or ()))
     stacks_dir = project.stacks_dir.resolve().relative_to(project.root.resolve())
     for name in files:

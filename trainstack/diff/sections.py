@@ -222,7 +222,7 @@ def _pre_pulled(plan: dict[str, Any]) -> dict[str, list[str]]:
         held[pool] = sorted(
             str(c.get("image"))
             for c in pod.get("containers") or []
-            if c.get("name") != "holder-only"
+            if c.get("name") != prepull.HOLDER_ONLY
         )
     return held
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from trainstack.config import ConfigError, PlatformConfig, TeamStackConfig, parse_stack_config
 from trainstack.config.images import from_allowed_registry, is_pinned
 from trainstack.config.loader import read_stack_file
+from trainstack.config.project import Project
 from trainstack.jobs.files import collect_jobs
 from trainstack.jobs.spec import JobSpec
 
@@ -38,7 +38,7 @@ def _refusal(platform: PlatformConfig, team: str, spec: JobSpec) -> str | None:
     team could fill another's nodes with images by writing a job spec. An image the
     pinned-images rule refuses (a moving tag, a registry outside policy.allowedRegistries) is
     not pulled anywhere."""
-    entry = next((t for t in platform.registry.teams if t.name == team), None)
+    entry = platform.registry.team(team)
     if entry is None:
         return f"team {team!r} is not in the platform's registry"
     if spec.team != team:
@@ -55,15 +55,14 @@ def _refusal(platform: PlatformConfig, team: str, spec: JobSpec) -> str | None:
     return None
 
 
-def team_job_images(root: Path, stacks_dir: Path, platform: PlatformConfig) -> TeamImages:
-    """Every image the jobs of `platform`'s team stacks use, by the job's pool. `root`: the
-    project directory (job file patterns are relative to it); `stacks_dir`: where the stack
-    files are. A stack with a job the platform would refuse is left out whole: it deploys
-    nothing."""
+def team_job_images(project: Project, platform: PlatformConfig) -> TeamImages:
+    """Every image the jobs of `platform`'s team stacks in `project` use, by the job's pool
+    (job file patterns are relative to the project's root). A stack with a job the platform
+    would refuse is left out whole: it deploys nothing."""
     images: dict[str, set[str]] = {}
     skipped: list[tuple[str, str]] = []
-    for path in sorted(stacks_dir.glob("Pulumi.*.yaml")):
-        stack = path.name[len("Pulumi.") : -len(".yaml")]
+    for stack in project.stacks():
+        path = project.stack_file(stack)
         try:
             values = read_stack_file(path)
             if "trainstack:team" not in values:
@@ -74,7 +73,7 @@ def team_job_images(root: Path, stacks_dir: Path, platform: PlatformConfig) -> T
             continue
         if not isinstance(cfg, TeamStackConfig) or cfg.platform_stack_name != platform.stack:
             continue
-        specs, issues = collect_jobs(root, cfg.jobs)
+        specs, issues = collect_jobs(project.root, cfg.jobs)
         if issues:  # its preview fails and it deploys nothing: pull nothing for it either
             skipped.append((stack, f"{issues[0].path}: {issues[0].message}"))
             continue
