@@ -16,11 +16,23 @@ from trainstack.jobs.spec import JobSpec
 
 
 def spec_or_fail(spec: JobSpec, view: PlatformView, team: str) -> dict[str, Any]:
+    """The Job's spec for its Output, its tasks handed over as a tuple.
+
+    The SDK walks every dict and list of an apply's result for unknown values, twice: when
+    the result resolves and again when the resource's inputs are serialised (pulumi 3.272.0
+    output.py `_OutputData.__post_init__` and runtime/rpc.py `serialize_property`, both through
+    rpc.contains_unknowns, which descends into dicts and lists only). A rendered spec cannot
+    hold one: it is computed from known values. The tasks are nine tenths of it; as a tuple,
+    which serialize_property sends as a list like any Sequence, the walk stops at the
+    spec's top level, and the engine receives the same document.
+    """
     try:
-        return job_spec(spec, view, team)
+        rendered = job_spec(spec, view, team)
     except ConfigError as err:
         # Inside an apply: RunError keeps Pulumi's report to the message itself.
         raise pulumi.RunError(str(err)) from None
+    rendered["tasks"] = tuple(rendered["tasks"])
+    return rendered
 
 
 @dataclass(frozen=True)

@@ -89,8 +89,13 @@ class TeamStack(pulumi.ComponentResource):
             out.TEAM_NAMESPACES,
             out.team_output(args.team),
         )
-        view = pulumi.Output.unsecret(platform.outputs).apply(
-            lambda outputs: PlatformView({k: (outputs or {}).get(k) for k in keys})
+        # Unsecret the view, not the outputs map: every Output made from a map is walked
+        # whole for unknowns (pulumi output.py `_OutputData.__post_init__`), and the map
+        # grows with the organisation's teams; the view is one object.
+        view = pulumi.Output.unsecret(
+            platform.outputs.apply(
+                lambda outputs: PlatformView({k: (outputs or {}).get(k) for k in keys})
+            )
         )
         self.namespace = view.apply(lambda v: check_team(args, v))
         self.limits = view.apply(lambda v: out.team_limits(v.team(args.team) or {}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import re
@@ -11,6 +12,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from pulumi.output import UNKNOWN
+from pulumi.runtime import rpc
 from trainstack_runtime.contract import FATAL, RETRYABLE, ExitCode
 from typer.testing import CliRunner
 
@@ -18,6 +21,7 @@ from tests.conftest import ROOT
 from tests.jobs.test_elastic import resized
 from trainstack.builders.storage import CACHE_DRIVER
 from trainstack.cli import app
+from trainstack.components.jobs import spec_or_fail
 from trainstack.config import ConfigError
 from trainstack.jobs.checks import platform_issues
 from trainstack.jobs.lifecycle import replacement_key, volcano_max_retry
@@ -367,6 +371,23 @@ def test_render_job_cli_equals_what_the_team_stack_registers(
         )
         assert result.exit_code == 0, result.output
         assert yaml.safe_load(result.output) == registered[name]
+
+
+def test_the_team_stack_hands_the_sdk_tasks_it_need_not_walk(view: PlatformView) -> None:
+    """TrainingJob's spec Output holds its tasks as a tuple (components/jobs.spec_or_fail):
+    the same document, which the SDK walks for unknowns only at its top level. Both SDK
+    behaviours it relies on are asserted against the installed pulumi: contains_unknowns
+    descends into dicts and lists only, and serialize_property sends any Sequence as a list
+    (pulumi 3.272.0 runtime/rpc.py contains_unknowns, serialize_property)."""
+    spec = load_job(DEMO)
+    handed = spec_or_fail(spec, view, "vision")
+    assert isinstance(handed["tasks"], tuple)
+    assert {**handed, "tasks": list(handed["tasks"])} == job(spec, view)["spec"]
+    assert replacement_key(handed) == replacement_key(job(spec, view)["spec"])
+    assert rpc.contains_unknowns({"a": [UNKNOWN]})
+    assert not rpc.contains_unknowns(([UNKNOWN],))
+    sent = asyncio.run(rpc.serialize_property(({"a": 1}, "b"), [], "tasks"))
+    assert sent == [{"a": 1}, "b"]
 
 
 def test_render_job_reports_platform_errors_cleanly(tmp_path: Path) -> None:
