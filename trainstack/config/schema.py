@@ -325,17 +325,35 @@ def _resolve(root: Mapping[str, Any], node: Mapping[str, Any]) -> Mapping[str, A
     return node
 
 
+# Per schema node: its properties' (name, default as JSON text or None, subschema), worked out
+# once per node (schemas are loaded once and kept). Every job spec of an organisation fills
+# its defaults on each preview; resolving `$ref`s for every field of every spec was a fifth
+# of reading one.
+_FILL_PLANS: dict[int, tuple[Mapping[str, Any], tuple[tuple[str, str | None, Any], ...]]] = {}
+
+
+def _fill_plan(
+    root: Mapping[str, Any], node: Mapping[str, Any]
+) -> tuple[tuple[str, str | None, Any], ...]:
+    cached = _FILL_PLANS.get(id(node))
+    if cached is not None and cached[0] is node:
+        return cached[1]
+    plan = []
+    for key, sub in node.get("properties", {}).items():
+        holder = sub if "default" in sub else _resolve(root, sub)
+        default = json.dumps(holder["default"]) if "default" in holder else None
+        plan.append((key, default, sub))
+    _FILL_PLANS[id(node)] = (node, tuple(plan))  # the node held: its id is not reused
+    return tuple(plan)
+
+
 def _fill(root: Mapping[str, Any], node: Mapping[str, Any], value: Any) -> Any:
     node = _resolve(root, node)
     if isinstance(value, dict):
         out = dict(value)
-        props: Mapping[str, Any] = node.get("properties", {})
-        for key, sub in props.items():
-            sub_resolved = _resolve(root, sub)
-            if key not in out and "default" in sub:
-                out[key] = json.loads(json.dumps(sub["default"]))
-            elif key not in out and "default" in sub_resolved:
-                out[key] = json.loads(json.dumps(sub_resolved["default"]))
+        for key, default, sub in _fill_plan(root, node):
+            if key not in out and default is not None:
+                out[key] = json.loads(default)  # a fresh copy of the schema's value
             if key in out:
                 out[key] = _fill(root, sub, out[key])
         return out

@@ -6,8 +6,8 @@ what an engineer renders with the CLI is exactly what the team stack deploys.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -133,6 +133,8 @@ def _store_credentials(storage: Mapping[str, Any], role: str) -> dict[str, Any]:
     return {"envFrom": [{"secretRef": {"name": secret}}]}
 
 
+# Every pod of a job carries it (one env var per task template): rendered once per spec.
+@functools.lru_cache(maxsize=256)
 def spec_json(spec: JobSpec) -> str:
     """The job spec as the hand-off's report records it: its typed fields, without the local
     path it was read from, and without what Volcano updates in place (the priority, the number
@@ -195,6 +197,16 @@ def _cache_volume(spec: JobSpec, view: PlatformView, storage: Mapping[str, Any])
             },
         },
     }
+
+
+def _fresh(value: Any) -> Any:
+    """A copy of constant JSON data that shares nothing with it (copy.deepcopy without its
+    memo and dispatch: four of these per pod were a tenth of rendering one)."""
+    if isinstance(value, dict):
+        return {k: _fresh(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fresh(v) for v in value]
+    return value
 
 
 def _pod(
@@ -272,8 +284,8 @@ def _pod(
             *(_node_ip_env(view) if role not in CPU_ROLES else []),
             *_env(spec, view, nproc, role),
             {"name": "TRAINSTACK_ROLE", "value": role},
-            copy.deepcopy(INSTANCE_ENV),
-            copy.deepcopy(INCARNATION_ENV),
+            _fresh(INSTANCE_ENV),
+            _fresh(INCARNATION_ENV),
         ],
         **_store_credentials(storage, role),
         "resources": _resources(requests, limits),
@@ -292,7 +304,7 @@ def _pod(
     metadata: dict[str, Any] = {"labels": task_labels, "annotations": {SAFE_TO_EVICT: "false"}}
     if role not in CPU_ROLES:  # replicas with the pool's RDMA devices
         metadata["annotations"] |= fabric.pod_annotations()
-    container["securityContext"] = copy.deepcopy(RESTRICTED_CONTAINER)
+    container["securityContext"] = _fresh(RESTRICTED_CONTAINER)
     selector = pool.get("nodeSelector", {})
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # Volcano reads exit codes only from Failed pods
@@ -301,7 +313,7 @@ def _pod(
         # their own projected token, which the EKS pod identity webhook adds whatever this
         # says (aws/amazon-eks-pod-identity-webhook pkg/handler/handler.go getPodSpecPatch).
         "automountServiceAccountToken": False,
-        "securityContext": copy.deepcopy(RESTRICTED_POD),
+        "securityContext": _fresh(RESTRICTED_POD),
         "terminationGracePeriodSeconds": spec.checkpoint.grace_seconds,
         "containers": [container],
         "volumes": volumes,
