@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from trainstack import outputs
 from trainstack.config import (
     ConfigError,
     ConfigIssue,
@@ -15,8 +19,11 @@ from trainstack.config import (
     parse_stack_config,
     read_stack_file,
 )
+from trainstack.config import loader as config_loader
 from trainstack.config.errors import did_you_mean
 from trainstack.config.project import Project
+from trainstack.jobs import render as render_module
+from trainstack.jobs import spec as spec_module
 from trainstack.jobs.checks import platform_issues
 from trainstack.jobs.files import collect_jobs
 from trainstack.jobs.platform import PlatformView
@@ -44,6 +51,23 @@ POLICY_FIELDS = {
 }
 
 
+def forget_parsed() -> None:
+    """Drop what this process remembers of files and documents it parsed (stack configs, job
+    specs, rendered spec text, decoded team slices): the next preview parses as a new process
+    would. For benchmarks that repeat a first preview; a preview itself never needs it (the
+    caches are keyed by content or by file version)."""
+    config_loader._parsed.clear()
+    spec_module._parsed.clear()
+    render_module.spec_json.cache_clear()
+    outputs._decode.cache_clear()
+
+
+# The parts of a preview, in order: the stack file parsed and checked; a team stack's job specs
+# parsed and checked against its platform; the program under the mock engine; the plan made
+# from what it registered; the policy pack over the plan.
+PHASES = ("load", "jobs", "program", "plan", "policy")
+
+
 @dataclass
 class Previewer:
     """Previews stacks of one project; platform previews are cached for team stacks."""
@@ -53,6 +77,17 @@ class Previewer:
     # Parsed stack files: every team stack reads its platform's config, and parsing and
     # checking a large platform once per team stack made previews quadratic in teams.
     _configs: dict[str, tuple[StackConfig, dict[str, Any]]] = field(default_factory=dict)
+    # CPU seconds per part of every preview so far (PHASES): where a preview's time goes
+    # (`make bench-preview` prints it).
+    phase_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    @contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        started = time.process_time()
+        try:
+            yield
+        finally:
+            self.phase_s[name] += time.process_time() - started
 
     def load(self, stack: str) -> tuple[StackConfig, dict[str, Any]]:
         if stack not in self._configs:
@@ -79,22 +114,30 @@ class Previewer:
     def preview(self, stack: str) -> Plan:
         if stack in self._plans:
             return self._plans[stack]
-        config, values = self.load(stack)
+        with self._phase("load"):
+            config, values = self.load(stack)
         stack_outputs: dict[str, tuple[dict[str, Any], list[str]]] = {}
         region = "us-east-1"
         spec_files: dict[str, str] = {}
         if isinstance(config, TeamStackConfig):
-            platform_plan = self._platform_for(config)
-            spec_files = self.check_jobs(config, platform_plan)
+            platform_plan = self._platform_for(config)  # its own preview's phases, if not done
+            with self._phase("jobs"):
+                spec_files = self.check_jobs(config, platform_plan)
             stack_outputs[config.platform_stack] = (
                 platform_plan.outputs,
                 sorted(k for k, v in platform_plan.outputs.items() if v == "[secret]"),
             )
         elif isinstance(config, PlatformConfig) and config.aws is not None:
             region = config.aws.region
-        result = synth(self.project.root, stack, values, region=region, stack_outputs=stack_outputs)
-        plan = Plan.from_synth(result, "platform" if isinstance(config, PlatformConfig) else "team")
-        plan = replace(plan, violations=self._policy(config, plan, spec_files))
+        with self._phase("program"):
+            result = synth(
+                self.project.root, stack, values, region=region, stack_outputs=stack_outputs
+            )
+        with self._phase("plan"):
+            kind = "platform" if isinstance(config, PlatformConfig) else "team"
+            plan = Plan.from_synth(result, kind)
+        with self._phase("policy"):
+            plan = replace(plan, violations=self._policy(config, plan, spec_files))
         self._plans[stack] = plan
         return plan
 
