@@ -61,6 +61,9 @@ def test_replay_registers_the_same_resources(example_plans: dict[str, Plan]) -> 
         # And the stack's outputs, secret ones secret.
         assert Plan.from_synth(result, plan.kind).outputs == plan.outputs
         assert result.secret_outputs == {k for k, v in plan.outputs.items() if v == "[secret]"}
+    # ... declared as a program declares them: a component for all it holds.
+    declared = bench.declared_dependencies(prod.resources)
+    assert sum(map(len, declared.values())) < sum(len(r.dependencies) for r in prod.resources)
 
 
 def test_bench_prints_one_json_line_last(capsys: pytest.CaptureFixture[str]) -> None:
