@@ -184,10 +184,13 @@ bench-prewarm: setup
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache
 
-# Offline preview at organisation scale vs. the mock engine's floor (docs/diff.md); last line JSON.
-## preview time at organisation scale vs the engine's floor
-bench-preview: setup
-	$(BIN)/python -m trainstack.bench.preview
+# Offline preview at organisation scale vs. the mock engine's floor, then the same stacks under
+# the real `pulumi preview` on the control plane (docs/testing.md, "The preview benchmark");
+# about 12 minutes warm; last line JSON. PREVIEW_FLAGS: --factor, --repeats, --no-engine, ...
+# (python -m tests.e2e.bench_preview --help).
+## preview time at organisation scale vs the engine's floor and vs the real engine
+bench-preview: e2e-tools
+	$(BIN)/python -m tests.e2e.bench_preview $(PREVIEW_FLAGS)
 
 # The real control plane (docs/testing.md): kube-apiserver, etcd, Volcano, kwok, actionlint,
 # the Pulumi CLI and its Kubernetes provider, built from pinned Go modules into

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
+from tests.e2e import bench_preview
 from trainstack.bench import preview as bench
 from trainstack.bench.org import OrgSize, generate
 from trainstack.config.project import Project
@@ -117,3 +118,17 @@ def test_each_repeat_previews_as_a_new_process_would(
     assert all(first[phase] > 0 for phase in first)
     assert len(measured.ratios) == 2
     assert measured.stacks == 3
+
+
+def test_make_bench_preview_reports_a_skipped_engine_as_a_missed_target(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`make bench-preview`'s own entry point (tests/e2e/bench_preview.py), offline only: the
+    engine's figures are absent with the reason, and their target is not claimed."""
+    argv = ["--teams", "1", "--jobs", "2", "--factor", "1", "--repeats", "1", "--no-engine"]
+    assert bench_preview.main(argv) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(printed[-1])
+    assert summary["engine_skipped"] == "--no-engine"
+    assert "engine_preview_s" not in summary
+    assert "  MISSED offline_speedup >= 2.0 (measured None)" in printed

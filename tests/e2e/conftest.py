@@ -29,8 +29,8 @@ HERE = Path(__file__).resolve().parent
 # Modules that deploy another stack or reset the control plane themselves: after one of them the
 # next module's `prod` is a new deployment, so they run after the modules that share one.
 OWN_DEPLOYMENTS = frozenset({
-    "test_apply.py", "test_guarantees.py", "test_pool_blind.py", "test_pulumi_stacks.py",
-    "test_queues.py", "test_rdma.py", "test_sandbox.py", "test_slices.py",
+    "test_apply.py", "test_bench_engine.py", "test_guarantees.py", "test_pool_blind.py",
+    "test_pulumi_stacks.py", "test_queues.py", "test_rdma.py", "test_sandbox.py", "test_slices.py",
 })  # fmt: skip
 
 
