@@ -186,7 +186,7 @@ clean:
 
 # Offline preview at organisation scale vs. the mock engine's floor, then the same stacks under
 # the real `pulumi preview` on the control plane (docs/testing.md, "The preview benchmark");
-# about 12 minutes warm; last line JSON. PREVIEW_FLAGS: --factor, --repeats, --no-engine, ...
+# about 10 minutes warm; last line JSON. PREVIEW_FLAGS: --factor, --repeats, --no-engine, ...
 # (python -m tests.e2e.bench_preview --help).
 ## preview time at organisation scale vs the engine's floor and vs the real engine
 bench-preview: e2e-tools

@@ -86,6 +86,7 @@ def test_bench_prints_one_json_line_last(capsys: pytest.CaptureFixture[str]) -> 
         assert key in summary
     assert summary["teams"] == 2
     assert summary["resources_2x"] > summary["resources"]
+    assert summary["replay_scaling_ratio_2x"] > 0
     # Two repeats at 1x, one at 2x: the median and the spread of what was measured.
     assert summary["repeats"] == 2
     assert summary["repeats_2x"] == 1

@@ -402,6 +402,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             f"scaling_ratio_{f}x": round(
                 statistics.median(big.preview_s) / statistics.median(one.preview_s), 3
             ),
+            # The floor's own growth, which bounds the preview's from below.
+            f"replay_scaling_ratio_{f}x": round(
+                statistics.median(big.replay_s) / statistics.median(one.replay_s), 3
+            ),
             f"extrapolated_{f}x": big.extrapolated,
         }
     return summary
