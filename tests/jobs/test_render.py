@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import re
@@ -14,6 +13,7 @@ import pytest
 import yaml
 from pulumi.output import UNKNOWN
 from pulumi.runtime import rpc
+from pulumi.runtime.sync_await import _sync_await
 from trainstack_runtime.contract import FATAL, RETRYABLE, ExitCode
 from typer.testing import CliRunner
 
@@ -386,7 +386,9 @@ def test_the_team_stack_hands_the_sdk_tasks_it_need_not_walk(view: PlatformView)
     assert replacement_key(handed) == replacement_key(job(spec, view)["spec"])
     assert rpc.contains_unknowns({"a": [UNKNOWN]})
     assert not rpc.contains_unknowns(([UNKNOWN],))
-    sent = asyncio.run(rpc.serialize_property(({"a": 1}, "b"), [], "tasks"))
+    # On the SDK's own loop, as the preview runs it: asyncio.run would close the thread's
+    # loop and leave the next test's mocks without one.
+    sent = _sync_await(rpc.serialize_property(({"a": 1}, "b"), [], "tasks"))
     assert sent == [{"a": 1}, "b"]
 
 
