@@ -212,8 +212,13 @@ class Measured:
 
     @property
     def ratio(self) -> float:
-        """The median repeat's preview / replay."""
+        """The median of the repeats' preview / replay (of the middle two for an even count)."""
         return statistics.median(self.ratios)
+
+    @property
+    def median_repeat(self) -> int:
+        """The repeat whose ratio is the median (the lower middle one for an even count)."""
+        return self.ratios.index(statistics.median_low(self.ratios))
 
 
 def _cpu() -> float:
@@ -256,8 +261,7 @@ def measure(
             resources += len(plan.resources)
             jobs += sum(1 for r in plan.resources if r.type == VOLCANO_JOB)
             if plan.kind == "platform":
-                secrets = sorted(k for k, v in plan.outputs.items() if v == SECRET_PLACEHOLDER)
-                stack_outputs[f"acme/trainstack/{plan.stack}"] = (plan.outputs, secrets)
+                stack_outputs[f"acme/trainstack/{plan.stack}"] = plan.as_referenced()
             replay = replay_program(plan)
             gc.freeze()
             started = _cpu()
@@ -318,7 +322,7 @@ def where_the_time_goes(measured: Measured) -> dict[str, float]:
     """The median repeat's CPU seconds per phase of the previews, and the program's time
     beyond the replay of what it registered (`program_over_replay`): the program's own
     work and its use of Outputs, everything else being the mock engine's."""
-    repeat = measured.ratios.index(sorted(measured.ratios)[(len(measured.ratios) - 1) // 2])
+    repeat = measured.median_repeat
     phases = measured.phase_s[repeat]
     found = {k: round(v, 3) for k, v in phases.items()}
     found["program_over_replay"] = round(phases["program"] - measured.replay_s[repeat], 3)

@@ -123,10 +123,7 @@ class Previewer:
             platform_plan = self._platform_for(config)  # its own preview's phases, if not done
             with self._phase("jobs"):
                 spec_files = self.check_jobs(config, platform_plan)
-            stack_outputs[config.platform_stack] = (
-                platform_plan.outputs,
-                sorted(k for k, v in platform_plan.outputs.items() if v == "[secret]"),
-            )
+            stack_outputs[config.platform_stack] = platform_plan.as_referenced()
         elif isinstance(config, PlatformConfig) and config.aws is not None:
             region = config.aws.region
         with self._phase("program"):

@@ -137,6 +137,11 @@ class Plan:
     def mandatory_violations(self) -> list[dict[str, str]]:
         return [v for v in self.violations if v["level"] == "mandatory"]
 
+    def as_referenced(self) -> tuple[dict[str, Any], list[str]]:
+        """What a StackReference to this stack reads offline (RecordingMocks.stack_outputs):
+        the outputs, and the names of the secret ones (masked in the plan)."""
+        return self.outputs, sorted(k for k, v in self.outputs.items() if v == SECRET_PLACEHOLDER)
+
     @classmethod
     def from_synth(cls, result: SynthResult, kind: str) -> Plan:
         resources = sorted((_resource(r) for r in result.records), key=lambda r: (r.type, r.name))
