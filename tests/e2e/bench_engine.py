@@ -53,7 +53,6 @@ the engine slower, never faster, and leaves the offline side unchanged (it makes
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shutil
 import statistics
@@ -81,7 +80,6 @@ from tests.e2e.test_pulumi_stacks import (
     uninstall,
 )
 from trainstack.config import PlatformConfig
-from trainstack.kube import ApiError, Kube
 from trainstack.sandbox import deploy, nodes, toolchain
 from trainstack.sandbox.cluster import ControlPlane
 
@@ -208,21 +206,6 @@ def plan_resources(root: Path, stacks: Sequence[str]) -> dict[str, int]:
     return counted
 
 
-def _delete_pods_now(kube: Kube) -> None:
-    """The stacks' pods (the deadline enforcer's, the storage layout job's) deleted at once,
-    while their kwok nodes still stand. `deploy.reset` deletes the nodes right after the
-    namespaces: a running pod's graceful deletion then waits for the pod garbage collector
-    (about 45 s here) instead of kwok, and the namespace with it."""
-    namespaces = {
-        n["metadata"]["name"] for n in kube.list("v1", "Namespace", labels=deploy.MANAGED)
-    }
-    for pod in kube.list("v1", "Pod"):
-        meta = pod["metadata"]
-        if meta["namespace"] in namespaces:
-            with contextlib.suppress(ApiError):  # gone already
-                kube.delete("v1", "Pod", meta["name"], meta["namespace"], grace=0)
-
-
 def _spread(values: Sequence[float]) -> list[float]:
     return [round(min(values), 3), round(max(values), 3)]
 
@@ -292,7 +275,6 @@ def measure_engine(
     finally:
         if own_scheduler:
             plane.stop_default_scheduler()
-        _delete_pods_now(kube)
         deploy.reset(kube)
         uninstall(kube)
         plane.restart_scheduler(scheduler_conf)

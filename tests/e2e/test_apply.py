@@ -13,11 +13,12 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import EXAMPLE_STACKS
+from trainstack.builders import labels
 from trainstack.config.model import TeamStackConfig
 from trainstack.kube import Kube
 from trainstack.preview.engine import Previewer
 from trainstack.sandbox import deploy
-from trainstack.sandbox.cluster import ControlPlane
+from trainstack.sandbox.cluster import KWOK_ANNOTATION, ControlPlane
 
 PLATFORMS = [s for s in EXAMPLE_STACKS if s != "vision"]
 
@@ -65,3 +66,56 @@ def test_unserved_groups_are_only_those_named(previewer: Previewer) -> None:
         skipped |= reasons
     assert skipped, "onprem's NicClusterPolicy should be the one skipped object"
     assert all(label.startswith("NicClusterPolicy") for label in skipped)
+
+
+def test_reset_deletes_the_pods_of_deleted_nodes_at_once(kube: Kube) -> None:
+    """deploy.reset deletes the simulated nodes; a pod bound to one is then deleted
+    gracefully by nobody (no kwok confirms it), and the pod garbage collector removes it only
+    after its 40 s quarantine, its namespace waiting with it. delete_pods_now (what reset and
+    restore_platform call) deletes with a zero grace period, which the API server carries
+    out at once (sandbox/deploy.py, the sources cited there)."""
+    deploy.reset(kube)
+    namespace, name = "reset-probe", "reset-probe-node"
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": namespace, "labels": {labels.MANAGED_BY: labels.MANAGER}},
+        }
+    )
+    deploy.create_nodes(
+        kube,
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": {KWOK_ANNOTATION: "fake"},
+                    "labels": {"kubernetes.io/hostname": name, "type": "kwok"},
+                },
+            }
+        ],
+    )
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "probe", "namespace": namespace},
+            "spec": {
+                "nodeName": name,
+                "terminationGracePeriodSeconds": 30,
+                "containers": [{"name": "main", "image": "registry.example.com/probe:1"}],
+            },
+        }
+    )
+    kube.delete("v1", "Node", name)
+    kube.delete("v1", "Pod", "probe", namespace)  # graceful, as the namespace controller does
+    pending = kube.get_or_none("v1", "Pod", "probe", namespace)
+    assert pending is not None
+    assert pending["metadata"].get("deletionTimestamp")
+    assert not deploy.delete_pods_now(kube, {namespace})  # one was there
+    assert kube.get_or_none("v1", "Pod", "probe", namespace) is None  # and is gone already
+    assert deploy.delete_pods_now(kube, {namespace})
+    deploy.reset(kube)
+    assert kube.get_or_none("v1", "Namespace", namespace) is None

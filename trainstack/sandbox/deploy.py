@@ -251,6 +251,29 @@ def delete_nodes(kube: Kube) -> None:
         kube.delete("v1", "Node", node["metadata"]["name"])
 
 
+def delete_pods_now(kube: Kube, namespaces: Iterable[str] | None = None) -> bool:
+    """Delete every pod (or those in `namespaces`) with a zero grace period; True when there
+    was none left to delete, for wait_for.
+
+    A zero grace period deletes a pod from the API at once: the pod strategy keeps it, and the
+    store then deletes without waiting for a kubelet (kubernetes v1.37.2
+    pkg/registry/core/pod/strategy.go CheckGracefulDelete; apiserver
+    pkg/registry/generic/registry/store.go, errDeleteNow). A graceful deletion waits for the
+    pod's node to confirm it, and once reset has deleted the simulated nodes no kwok does:
+    the pod garbage collector then removes it only after its 40 s quarantine of orphaned
+    pods (pkg/controller/podgc/gc_controller.go), and its namespace waits with it. Only
+    control planes the tests own are reset, and their pods belong to stacks and tests."""
+    wanted = None if namespaces is None else set(namespaces)
+    left = [
+        p for p in kube.list("v1", "Pod") if wanted is None or p["metadata"]["namespace"] in wanted
+    ]
+    for pod in left:
+        meta = pod["metadata"]
+        with contextlib.suppress(ApiError):  # gone already
+            kube.delete("v1", "Pod", meta["name"], meta["namespace"], grace=0)
+    return not left
+
+
 def reset(kube: Kube) -> None:
     """Remove everything a stack or a test created, leaving the control plane as started."""
     delete_jobs(kube)
@@ -279,16 +302,17 @@ def reset(kube: Kube) -> None:
     # discovery stops with the stack's ConfigMap and would leave them behind.
     _delete_all(kube, HYPERNODE, kube.list(*HYPERNODE, labels=DISCOVERED))
     delete_nodes(kube)
+    # Pods go at once (delete_pods_now), each round: a controller may still make one while
+    # its namespace is being deleted.
     wait_for(
         "managed namespaces to be gone",
-        lambda: not any(kube.get_or_none("v1", "Namespace", n) for n in namespaces),
+        lambda: (
+            delete_pods_now(kube)
+            and not any(kube.get_or_none("v1", "Namespace", n) for n in namespaces)
+        ),
         timeout=120,
     )
-    wait_for(
-        "simulated pods to be gone",
-        lambda: not kube.list("v1", "Pod"),
-        timeout=60,
-    )
+    wait_for("simulated pods to be gone", lambda: delete_pods_now(kube), timeout=60)
 
 
 def _delete_queues(kube: Kube) -> None:

@@ -9,7 +9,6 @@ restarted with the stack's generated configuration, and the queues open.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +16,7 @@ from trainstack.builders import topology
 from trainstack.builders.scheduling import VOLCANO_CHART, scheduler_config
 from trainstack.builders.teams import team_group
 from trainstack.config.model import SYSTEM_NAMESPACE, PlatformConfig, TeamStackConfig
-from trainstack.kube import ApiError, Identity, Kube, wait_for
+from trainstack.kube import Identity, Kube, wait_for
 from trainstack.preview.engine import Previewer
 from trainstack.preview.plan import Plan
 from trainstack.sandbox import deploy
@@ -130,18 +129,14 @@ def restore_platform(platform: Deployed) -> bool:
     deploy.delete_jobs(kube)
     teams = {team.namespace for team in platform.cfg.registry.teams}
 
-    def team_pods_gone() -> bool:
-        # Removed at once, as a force deletion does: some linger Terminating on purpose
-        # (kwok-stages.yaml, e2e.trainstack.io/linger), and their jobs are gone already.
-        left = [p for p in kube.list("v1", "Pod") if p["metadata"]["namespace"] in teams]
-        for pod in left:
-            with contextlib.suppress(ApiError):
-                kube.delete(
-                    "v1", "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"], grace=0
-                )
-        return not left
-
-    wait_for("the team namespaces' pods to be gone", team_pods_gone, timeout=60, interval=0.5)
+    # Removed at once, as a force deletion does: some linger Terminating on purpose
+    # (kwok-stages.yaml, e2e.trainstack.io/linger), and their jobs are gone already.
+    wait_for(
+        "the team namespaces' pods to be gone",
+        lambda: deploy.delete_pods_now(kube, teams),
+        timeout=60,
+        interval=0.5,
+    )
     for claim in kube.list("v1", "PersistentVolumeClaim"):
         meta = claim["metadata"]
         if meta["namespace"] in teams and ("PersistentVolumeClaim", meta["name"]) not in planned:
