@@ -94,6 +94,11 @@ def team_output(team: str) -> str:
     return f"{TEAM_PREFIX}{team}"
 
 
+def forget_decoded() -> None:
+    """Drop the team slices decoded so far (benchmarks that preview as a new process would)."""
+    _decode.cache_clear()
+
+
 @lru_cache(maxsize=4096)
 def _decode(text: str) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(text)

@@ -15,6 +15,7 @@ from tests.conftest import ROOT
 from tests.e2e import bench_preview
 from trainstack.bench import preview as bench
 from trainstack.bench.org import OrgSize, generate
+from trainstack.config import loader
 from trainstack.config.project import Project
 from trainstack.jobs import spec as spec_module
 from trainstack.outputs import team_slices
@@ -108,11 +109,21 @@ def test_each_repeat_previews_as_a_new_process_would(
         parsed.append(path)
         return real(path)
 
+    configs: list[str] = []
+    real_config = loader._parse_stack_config
+
+    def counting_config(values: Any, *, stack: str, source: str) -> Any:
+        configs.append(stack)
+        return real_config(values, stack=stack, source=source)
+
     monkeypatch.setattr(spec_module, "_parse_job", counting)
+    monkeypatch.setattr(loader, "_parse_stack_config", counting_config)
     measured = bench.measure(tmp_path, stacks, repeats=2)
     # 4 specs, each parsed once per repeat (the program reuses the pre-check's parse).
     assert len(parsed) == 8
     assert len(set(parsed)) == 4
+    # Stack configs too: each stack's once per repeat, whoever reads it.
+    assert sorted(configs) == sorted(stacks * 2)
     first, _ = measured.phase_s
     assert set(first) == {"load", "jobs", "program", "plan", "policy"}
     assert all(first[phase] > 0 for phase in first)

@@ -40,6 +40,11 @@ _parsed: dict[tuple[str, str], m.StackConfig] = {}
 _PARSED_MAX = 64
 
 
+def forget_parsed() -> None:
+    """Drop the stack configs parsed so far (benchmarks that preview as a new process would)."""
+    _parsed.clear()
+
+
 def parse_stack_config(values: Mapping[str, Any], *, stack: str, source: str) -> m.StackConfig:
     """Validate one stack's config and build its typed model, or raise ConfigError."""
     try:

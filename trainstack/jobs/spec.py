@@ -421,6 +421,11 @@ def is_job_document(doc: object) -> bool:
 _parsed: dict[tuple[str, int, int], tuple[JobSpec | None, tuple[ConfigIssue, ...]]] = {}
 
 
+def forget_parsed() -> None:
+    """Drop the specs parsed so far (benchmarks that preview as a new process would)."""
+    _parsed.clear()
+
+
 def parse_job(path: Path) -> tuple[JobSpec | None, list[ConfigIssue]]:
     """The spec and every problem found without a platform, in one pass.
 

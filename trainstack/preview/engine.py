@@ -56,10 +56,10 @@ def forget_parsed() -> None:
     specs, rendered spec text, decoded team slices): the next preview parses as a new process
     would. For benchmarks that repeat a first preview; a preview itself never needs it (the
     caches are keyed by content or by file version)."""
-    config_loader._parsed.clear()
-    spec_module._parsed.clear()
+    config_loader.forget_parsed()
+    spec_module.forget_parsed()
     render_module.spec_json.cache_clear()
-    outputs._decode.cache_clear()
+    outputs.forget_decoded()
 
 
 # The parts of a preview, in order: the stack file parsed and checked; a team stack's job specs
