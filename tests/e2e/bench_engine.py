@@ -68,25 +68,23 @@ import pytest
 import yaml
 
 from tests.conftest import reference_dir
-from tests.e2e.pulumi_engine import Engine, sdk_plugin_version
+from tests.e2e.pulumi_engine import Engine
 from tests.e2e.test_pulumi_stacks import (
     PLATFORM,
     PROJECT,
     TEAM,
     Project_,
     job_spec,
+    new_engine,
+    owners_cluster,
     platform_doc,
-    pre_install,
-    uninstall,
 )
-from trainstack.config import PlatformConfig
-from trainstack.sandbox import deploy, nodes, toolchain
+from trainstack.sandbox import toolchain
 from trainstack.sandbox.cluster import ControlPlane
 
 # Team names in order; the first is test_pulumi_stacks's team (its project initialises it).
 TEAM_NAMES = (TEAM, "vision", "language", "robotics", "search", "ads", "recsys", "audio")
 TIMEOUT_S = 600.0
-DEFAULT_SCHEDULER = "kube-scheduler"  # ControlPlane.start_default_scheduler's process name
 
 
 def team_names(teams: int) -> list[str]:
@@ -221,35 +219,16 @@ def measure_engine(
 ) -> dict[str, object]:
     """Time the engine's and trainstack's previews of the same stacks on `plane` (see the
     module's docstring). The project is `work_dir/project`, the engine's home, state and CLI
-    logs `work_dir/engine`. Like test_pulumi_stacks's fixture, it begins with `deploy.reset`
-    (a stack the plane held is removed) and ends with it and `uninstall`: the stacks'
-    objects, the owners' add-ons and the nodes gone, the default scheduler stopped if this
-    started it, Volcano's scheduler back on the configuration it ran before."""
+    logs `work_dir/engine`. The plane is test_pulumi_stacks's existing cluster while it runs
+    (`owners_cluster`: reset before, reset and uninstalled after)."""
     if teams < 1 or jobs_per_team < 1 or repeats < 1:
         raise ValueError("teams, jobs_per_team and repeats must each be at least 1")
     names = team_names(teams)
     stacks = [PLATFORM, *names]
-    engine = Engine.create(work_dir / "engine", tools)
-    engine.install_plugin(
-        "resource", "kubernetes", sdk_plugin_version(), tools["pulumi-resource-kubernetes"]
-    )
-    kube = plane.kube
+    engine = new_engine(work_dir / "engine", tools)
     kubeconfig = plane.kubeconfig()
-    deploy.reset(kube)
     project = write_project(engine, work_dir / "project", kubeconfig, names, jobs_per_team)
-    cfg, _ = project.previewer().load(PLATFORM)
-    assert isinstance(cfg, PlatformConfig)
-    # pre_install restarts Volcano's scheduler on the stack's configuration: put back the one
-    # it ran, for whatever runs on this control plane next.
-    scheduler_conf = yaml.safe_load(plane.scheduler_conf.read_text(encoding="utf-8"))
-    own_scheduler = DEFAULT_SCHEDULER not in plane.processes
-    try:
-        pre_install(plane, cfg)
-        deploy.create_nodes(kube, nodes.stack_nodes(cfg))
-        # The provider waits for the platform's Deployment (the deadline enforcer) to be
-        # available: its pod needs the default scheduler (test_pulumi_stacks's fixture).
-        if own_scheduler:
-            plane.start_default_scheduler()
+    with owners_cluster(plane, project):
         engine.run(project.root, PLATFORM, "up", timeout=TIMEOUT_S)
         # A team member reaches the existing cluster with a kubeconfig of their own.
         team_env = {"KUBECONFIG": str(kubeconfig)}
@@ -272,12 +251,6 @@ def measure_engine(
             for side in sides if repeat % 2 == 0 else sides[::-1]:
                 side()
         driver_s = driver_cli_seconds(engine, project.root, stacks)
-    finally:
-        if own_scheduler:
-            plane.stop_default_scheduler()
-        deploy.reset(kube)
-        uninstall(kube)
-        plane.restart_scheduler(scheduler_conf)
 
     ratios = [e / o for e, o in zip(engine_s, offline_s, strict=True)]
     resources = plan_resources(project.root, stacks)

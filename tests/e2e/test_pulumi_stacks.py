@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from trainstack.preview import policy_config
 from trainstack.preview.engine import Previewer
 from trainstack.preview.plan import _urn_ref as urn_ref
 from trainstack.sandbox import deploy, nodes
-from trainstack.sandbox.cluster import ControlPlane
+from trainstack.sandbox.cluster import DEFAULT_SCHEDULER, ControlPlane
 
 PROJECT = "trainstack"
 PLATFORM, TEAM = "onprem-e2e", "speech"
@@ -238,20 +239,55 @@ def uninstall(kube: Kube) -> None:
     )
 
 
-@pytest.fixture(scope="module")
-def engine(tools: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    engine = Engine.create(tmp_path_factory.mktemp("pulumi-stacks"), tools)
+def new_engine(home: Path, tools: Mapping[str, Path]) -> Engine:
+    """The Pulumi CLI with its home and file backend under `home` and the Kubernetes provider
+    plugin built by toolchain.py installed."""
+    engine = Engine.create(home, tools)
     engine.install_plugin(
         "resource", "kubernetes", sdk_plugin_version(), tools["pulumi-resource-kubernetes"]
     )
     return engine
 
 
+@contextmanager
+def owners_cluster(plane: ControlPlane, project: Project_) -> Iterator[None]:
+    """`plane` as the existing cluster `project`'s platform stack targets, for as long as the
+    block runs: what the owners installed (`pre_install`), the stack's nodes, and
+    kube-scheduler (the provider waits for the platform's own Deployment, the deadline
+    enforcer, to be available, as on any cluster; the rest of the suite schedules only through
+    Volcano). Begins with `deploy.reset` (a stack the plane held is removed) and ends with it
+    and `uninstall`: the stacks' objects, the add-ons and the nodes gone, kube-scheduler
+    stopped unless it ran before, Volcano's scheduler back on the configuration it ran
+    before (`pre_install` restarts it on the stack's)."""
+    cfg, _ = project.previewer().load(PLATFORM)
+    assert isinstance(cfg, PlatformConfig)
+    kube = plane.kube
+    scheduler_conf = yaml.safe_load(plane.scheduler_conf.read_text(encoding="utf-8"))
+    own_scheduler = DEFAULT_SCHEDULER not in plane.processes
+    deploy.reset(kube)
+    try:
+        pre_install(plane, cfg)
+        deploy.create_nodes(kube, nodes.stack_nodes(cfg))
+        if own_scheduler:
+            plane.start_default_scheduler()
+        yield
+    finally:
+        if own_scheduler:
+            plane.stop_default_scheduler()
+        deploy.reset(kube)
+        uninstall(kube)
+        plane.restart_scheduler(scheduler_conf)
+
+
+@pytest.fixture(scope="module")
+def engine(tools: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    return new_engine(tmp_path_factory.mktemp("pulumi-stacks"), tools)
+
+
 @pytest.fixture(scope="module")
 def project(
     engine: Engine, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Project_]:
-    deploy.reset(control_plane.kube)
     project = Project_(engine, tmp_path_factory.mktemp("project") / "p", control_plane.kubeconfig())
     kubeconfig = control_plane.kubeconfig()
     project.set_config(PLATFORM, "trainstack:platform", platform_doc(kubeconfig))
@@ -265,22 +301,13 @@ def project(
         },
     )
     project.write_job(job_spec())
-    cfg, _ = project.previewer().load(PLATFORM)
-    assert isinstance(cfg, PlatformConfig)
-    pre_install(control_plane, cfg)
-    deploy.create_nodes(control_plane.kube, nodes.stack_nodes(cfg))
-    # The platform's own Deployment (the deadline enforcer) is scheduled by the default
-    # scheduler, and the provider waits for it to be available, as on any cluster.
-    control_plane.start_default_scheduler()
-    try:
+    with owners_cluster(control_plane, project):
         yield project
-    finally:
-        control_plane.stop_default_scheduler()
-        deploy.reset(control_plane.kube)
-        uninstall(control_plane.kube)
 
 
-def _engine_resources(engine: Engine, project: Project_, stack: str) -> dict[str, Any]:
+def _engine_resources(
+    engine: Engine, project: Project_, stack: str
+) -> dict[tuple[str, str, str], Any]:
     state = json.loads(engine.pulumi("stack", "export", "--stack", stack, cwd=project.root))
     resources = state["deployment"]["resources"]
 

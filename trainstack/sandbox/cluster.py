@@ -39,6 +39,7 @@ KWOK_STAGES = Path(__file__).resolve().parent / "kwok-stages.yaml"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 SERVICE_CIDR = "10.96.0.0/16"
 ADMIN = "trainstack-e2e-admin"
+DEFAULT_SCHEDULER = "kube-scheduler"  # its key in ControlPlane.processes, when started
 
 
 def free_port() -> int:
@@ -435,7 +436,7 @@ class ControlPlane:
         (a Deployment the Kubernetes provider waits for). Not started with the rest: the
         harness's other tests schedule only through Volcano. Stopped by `stop`."""
         self._run(
-            "kube-scheduler",
+            DEFAULT_SCHEDULER,
             [
                 str(self.tools["kube-scheduler"]),
                 f"--kubeconfig={self.kubeconfig()}",
@@ -449,7 +450,7 @@ class ControlPlane:
         )
 
     def stop_default_scheduler(self) -> None:
-        process = self.processes.pop("kube-scheduler", None)
+        process = self.processes.pop(DEFAULT_SCHEDULER, None)
         if process is not None:
             process.stop()
 
