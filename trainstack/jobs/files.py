@@ -11,11 +11,20 @@ from trainstack.yamlio import YamlSyntaxError
 
 def job_files(root: Path, patterns: tuple[str, ...]) -> list[Path]:
     """Spec files matched by the stack's globs, sorted and de-duplicated."""
+    return _matched(root, patterns)[0]
+
+
+def _matched(root: Path, patterns: tuple[str, ...]) -> tuple[list[Path], list[str]]:
+    """`job_files`, and the patterns that match no file: one walk of the folders."""
     found: dict[Path, None] = {}
+    unmatched: list[str] = []
     for pattern in patterns:
-        for path in sorted(root.glob(pattern)):
+        paths = sorted(root.glob(pattern))
+        if not paths:
+            unmatched.append(pattern)
+        for path in paths:
             found.setdefault(path, None)
-    return list(found)
+    return list(found), unmatched
 
 
 def load_jobs(root: Path, patterns: tuple[str, ...], source: str) -> list[JobSpec]:
@@ -32,10 +41,10 @@ def collect_jobs(root: Path, patterns: tuple[str, ...]) -> tuple[list[JobSpec], 
     specs: list[JobSpec] = []
     issues: list[ConfigIssue] = []
     names: dict[str, Path] = {}
-    for pattern in patterns:
-        if not any(root.glob(pattern)):
-            issues.append(ConfigIssue("trainstack:team.jobs", f"{pattern!r} matches no file"))
-    for path in job_files(root, patterns):
+    paths, unmatched = _matched(root, patterns)
+    for pattern in unmatched:
+        issues.append(ConfigIssue("trainstack:team.jobs", f"{pattern!r} matches no file"))
+    for path in paths:
         relative = path.relative_to(root)
         try:
             spec, found = parse_job(path)
