@@ -82,9 +82,17 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# mypy's incremental cache outside the clone, as the tools' caches: a clean clone (CI) checked
+# all 244 files in 77 s with an empty .mypy_cache, 5 s with this one. mypy checks each entry
+# against its source file and its own version and options, and reports a module's errors again
+# on every run; a cache made in another checkout is what its docs' "remote cache" section
+# builds on (mypy docs, additional_features "Using a remote cache to speed up mypy runs").
+# Always the whole file set (pyproject.toml's [tool.mypy] files), never a subset, so mypy
+# issue 9554 (a dependency checked alone first) cannot hide an error.
+MYPY_CACHE_DIR ?= $(HOME)/.cache/trainstack/mypy
 ## mypy --strict
 typecheck: setup
-	$(BIN)/mypy
+	$(BIN)/mypy --cache-dir $(MYPY_CACHE_DIR)
 
 # Two workers on the 2-core machines (pytest-xdist): the runtime's torchrun tests and the rest
 # overlap, ~6 minutes instead of ~9 (docs/testing.md, "CI's time budget"). PYTEST_WORKERS=0
