@@ -119,3 +119,18 @@ def test_reset_deletes_the_pods_of_deleted_nodes_at_once(kube: Kube) -> None:
     assert deploy.delete_pods_now(kube, {namespace})
     deploy.reset(kube)
     assert kube.get_or_none("v1", "Namespace", namespace) is None
+
+
+def test_the_default_scheduler_starts_once(control_plane: ControlPlane) -> None:
+    """A second start while kube-scheduler runs starts nothing and says so, so that a caller
+    (test_pulumi_stacks.owners_cluster) stops only the one it started; before, a second
+    process replaced the first in `processes`, which then ran on unstopped."""
+    assert control_plane.start_default_scheduler()
+    first = control_plane.processes["kube-scheduler"]
+    try:
+        assert not control_plane.start_default_scheduler()
+        assert control_plane.processes["kube-scheduler"] is first
+    finally:
+        control_plane.stop_default_scheduler()
+    assert "kube-scheduler" not in control_plane.processes
+    assert not first.alive()

@@ -42,7 +42,7 @@ from trainstack.preview import policy_config
 from trainstack.preview.engine import Previewer
 from trainstack.preview.plan import _urn_ref as urn_ref
 from trainstack.sandbox import deploy, nodes
-from trainstack.sandbox.cluster import DEFAULT_SCHEDULER, ControlPlane
+from trainstack.sandbox.cluster import ControlPlane
 
 PROJECT = "trainstack"
 PLATFORM, TEAM = "onprem-e2e", "speech"
@@ -263,16 +263,15 @@ def owners_cluster(plane: ControlPlane, project: Project_) -> Iterator[None]:
     assert isinstance(cfg, PlatformConfig)
     kube = plane.kube
     scheduler_conf = yaml.safe_load(plane.scheduler_conf.read_text(encoding="utf-8"))
-    own_scheduler = DEFAULT_SCHEDULER not in plane.processes
     deploy.reset(kube)
+    started = False
     try:
         pre_install(plane, cfg)
         deploy.create_nodes(kube, nodes.stack_nodes(cfg))
-        if own_scheduler:
-            plane.start_default_scheduler()
+        started = plane.start_default_scheduler()
         yield
     finally:
-        if own_scheduler:
+        if started:
             plane.stop_default_scheduler()
         deploy.reset(kube)
         uninstall(kube)

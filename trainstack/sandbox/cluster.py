@@ -431,10 +431,13 @@ class ControlPlane:
         )
         self._healthy("vc-controller-manager", health)
 
-    def start_default_scheduler(self) -> None:
+    def start_default_scheduler(self) -> bool:
         """kube-scheduler, for tests whose objects need pods of the default scheduler to run
         (a Deployment the Kubernetes provider waits for). Not started with the rest: the
-        harness's other tests schedule only through Volcano. Stopped by `stop`."""
+        harness's other tests schedule only through Volcano. Stopped by `stop`. False, and
+        nothing started, when one already runs: a second would leave the first unstopped."""
+        if DEFAULT_SCHEDULER in self.processes:
+            return False
         self._run(
             DEFAULT_SCHEDULER,
             [
@@ -448,6 +451,7 @@ class ControlPlane:
                 "--v=1",
             ],
         )
+        return True
 
     def stop_default_scheduler(self) -> None:
         process = self.processes.pop(DEFAULT_SCHEDULER, None)
